@@ -1,0 +1,3 @@
+module github.com/tessera-dev/tessera
+
+go 1.26.0
