@@ -1,0 +1,88 @@
+// Package cli implements the tessera command-line tool's subcommands.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/slices"
+)
+
+// NewCommand returns the root `tessera` command.
+func NewCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:          "tessera",
+		Short:        "Inspect and troubleshoot the Tessera GPU DRA driver",
+		SilenceUsage: true,
+	}
+	root.AddCommand(newInspectCommand())
+	return root
+}
+
+func newInspectCommand() *cobra.Command {
+	var node nodeopen.Options
+	var output string
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Print the ResourceSlices this node would publish",
+		Long: "Discovers the node's GPUs through NVML (or a simulated node with --fake-node)\n" +
+			"and prints the ResourceSlices the kubelet plugin would publish for them.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "yaml" && output != "json" {
+				return fmt.Errorf("-o %q: want yaml or json", output)
+			}
+			if err := node.Validate(); err != nil {
+				return err
+			}
+			return Inspect(cmd.Context(), cmd.OutOrStdout(), node, output)
+		},
+	}
+	node.AddFlags(cmd.Flags())
+	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "Output format: yaml or json.")
+	return cmd
+}
+
+// Inspect writes the node's slices to w as a YAML stream or a JSON list.
+func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output string) error {
+	n, err := opts.Open()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = n.Close() }()
+	gpus, err := discovery.Discover(ctx, n)
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	res, err := slices.Build(opts.NodeName, gpus)
+	if err != nil {
+		return err
+	}
+	objs := slices.Objects(opts.NodeName, res)
+	if output == "json" {
+		list := map[string]any{"apiVersion": "v1", "kind": "List", "items": objs}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	for i, o := range objs {
+		data, err := yaml.Marshal(o)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			fmt.Fprintln(w, "---")
+		}
+		if _, err := w.Write(data); err != nil {
+			return err
+		}
+	}
+	return nil
+}

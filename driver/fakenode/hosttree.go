@@ -1,0 +1,89 @@
+package fakenode
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// Device numbers the fake host reports in /proc/devices. 195 is NVIDIA's fixed
+// major; nvidia-uvm gets a dynamic one on real hosts.
+const (
+	NvidiaMajor = 195
+	UVMMajor    = 235
+)
+
+// driverLibs are the user-space driver libraries a fake node installs, as
+// <name>.so.<driver version> with the usual soname links.
+var driverLibs = []struct{ base, soname string }{
+	{"libnvidia-ml.so", "libnvidia-ml.so.1"},
+	{"libcuda.so", "libcuda.so.1"},
+	{"libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"},
+	{"libnvidia-nvvm.so", "libnvidia-nvvm.so.4"},
+}
+
+var driverTools = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"}
+
+// writeHostTree lays out the files a real GPU node has beside NVML. Device
+// nodes are plain files: nothing opens them, and CDI specs carry their numbers.
+func writeHostTree(dir string, p Profile, devs []*server.Device) error {
+	for i, d := range devs {
+		pl := p.GPUs[i]
+		devPath := filepath.Join("devices", pl.PCIeRoot, bridgeBDF(pl), pl.BusID)
+		if err := mkfile(filepath.Join(dir, "sys", devPath, "numa_node"), fmt.Sprintf("%d\n", pl.NUMANode), 0o644); err != nil {
+			return err
+		}
+		link := filepath.Join(dir, "sys", "bus", "pci", "devices", pl.BusID)
+		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+			return err
+		}
+		_ = os.Remove(link)
+		if err := os.Symlink(filepath.Join("..", "..", "..", devPath), link); err != nil {
+			return err
+		}
+		if err := mkfile(filepath.Join(dir, "dev", fmt.Sprintf("nvidia%d", d.Minor)), "", 0o666); err != nil {
+			return err
+		}
+	}
+	for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} {
+		if err := mkfile(filepath.Join(dir, "dev", n), "", 0o666); err != nil {
+			return err
+		}
+	}
+	procDevices := fmt.Sprintf("Character devices:\n  1 mem\n%d nvidia-frontend\n%d nvidia-uvm\n\nBlock devices:\n  8 sd\n", NvidiaMajor, UVMMajor)
+	if err := mkfile(filepath.Join(dir, "proc", "devices"), procDevices, 0o444); err != nil {
+		return err
+	}
+	libDir := filepath.Join(dir, "usr", "lib", "x86_64-linux-gnu")
+	for _, l := range driverLibs {
+		real := l.base + "." + p.DriverVersion
+		if err := mkfile(filepath.Join(libDir, real), "fake "+real+"\n", 0o644); err != nil {
+			return err
+		}
+		_ = os.Remove(filepath.Join(libDir, l.soname))
+		if err := os.Symlink(real, filepath.Join(libDir, l.soname)); err != nil {
+			return err
+		}
+	}
+	for _, t := range driverTools {
+		if err := mkfile(filepath.Join(dir, "usr", "bin", t), "#!/bin/false\n", 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bridgeBDF names the upstream bridge of a GPU: one per PCIe switch.
+func bridgeBDF(pl Placement) string {
+	var domain, bus uint32
+	fmt.Sscanf(pl.BusID, "%x:%x", &domain, &bus)
+	var root uint32
+	fmt.Sscanf(pl.PCIeRoot, "pci%x:%x", &domain, &root)
+	h := uint32(0)
+	for _, c := range pl.Switch {
+		h = h*31 + uint32(c)
+	}
+	return fmt.Sprintf("%04x:%02x:%02x.0", domain, root, 1+h%30)
+}

@@ -1,0 +1,76 @@
+// Package nodeopen decides, once at start-up, which NVML a process talks to:
+// the real library, or a simulated node when --fake-node asks for one. Both the
+// kubelet plugin and the tessera CLI open their node here, with the same flags.
+package nodeopen
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/gpulib"
+)
+
+// Options select and locate the node's GPUs.
+type Options struct {
+	NodeName   string
+	DriverRoot string
+	// FakeNode names a fakenode profile; empty means real NVML.
+	FakeNode string
+	// FakeRoot receives a fake node's host files.
+	FakeRoot string
+	// FakeClique overrides a fake node's NVLink clique (<clusterUUID>.<id>).
+	FakeClique string
+}
+
+// AddFlags registers the options, with environment fallbacks for DaemonSets.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	host, _ := os.Hostname()
+	fs.StringVar(&o.NodeName, "node-name", env("NODE_NAME", host), "Name of this node. Environment: NODE_NAME.")
+	fs.StringVar(&o.DriverRoot, "driver-root", env("DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, tools and possibly device nodes). Environment: DRIVER_ROOT.")
+	fs.StringVar(&o.FakeNode, "fake-node", env("FAKE_NODE", ""), fmt.Sprintf("Simulate a GPU node instead of using NVML; one of: %v. Environment: FAKE_NODE.", fakenode.Profiles()))
+	fs.StringVar(&o.FakeRoot, "fake-root", env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver). Default: a directory under the system temp dir. Environment: FAKE_ROOT.")
+	fs.StringVar(&o.FakeClique, "fake-clique", env("FAKE_CLIQUE", ""), "Override a fake node's multi-node NVLink clique as <clusterUUID>.<cliqueID>. Environment: FAKE_CLIQUE.")
+}
+
+// Validate reports flag mistakes before anything is opened.
+func (o *Options) Validate() error {
+	if o.NodeName == "" {
+		return fmt.Errorf("--node-name is empty and the host name is unknown: set --node-name or NODE_NAME")
+	}
+	if o.FakeNode != "" {
+		if _, err := fakenode.Lookup(o.FakeNode); err != nil {
+			return fmt.Errorf("--fake-node: %w", err)
+		}
+	} else if o.FakeClique != "" {
+		return fmt.Errorf("--fake-clique only applies with --fake-node")
+	}
+	return nil
+}
+
+// Open returns the node the options name. Real NVML is used unless a fake
+// node was asked for; a missing library is an error, never a silent fake.
+func (o *Options) Open() (*gpulib.Node, error) {
+	if o.FakeNode == "" {
+		return gpulib.OpenReal(o.DriverRoot)
+	}
+	dir := o.FakeRoot
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "tessera-fake-"+o.NodeName)
+	}
+	n, err := fakenode.New(o.FakeNode, fakenode.Options{Dir: dir, NodeName: o.NodeName, Clique: o.FakeClique})
+	if err != nil {
+		return nil, err
+	}
+	return &n.Node, nil
+}
+
+func env(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,173 @@
+// Package slices turns Tessera's device model into what a node publishes:
+// ResourceSlice devices with typed attributes and capacities, laid out within
+// the API's per-slice limits, in a deterministic order so that a restart
+// publishes no diff.
+package slices
+
+import (
+	"fmt"
+	"sort"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/driver/discovery"
+)
+
+// DriverName is the DRA driver name Tessera publishes under.
+const DriverName = "gpu.tessera.dev"
+
+// Attribute names in the driver's own domain (unqualified names belong to it).
+const (
+	AttrType                  = "type"
+	AttrUUID                  = "uuid"
+	AttrProductName           = "productName"
+	AttrBrand                 = "brand"
+	AttrArchitecture          = "architecture"
+	AttrCUDAComputeCapability = "cudaComputeCapability"
+	AttrDriverVersion         = "driverVersion"
+	AttrCUDADriverVersion     = "cudaDriverVersion"
+	AttrIndex                 = "index"
+	AttrMIGCapable            = "migCapable"
+	AttrNVLinkDomain          = "nvlinkDomain"
+	AttrNVLinkClique          = "nvlinkClique"
+	AttrPowerMinWatts         = "powerMinWatts"
+	AttrPowerMaxWatts         = "powerMaxWatts"
+	AttrPowerDefaultWatts     = "powerDefaultWatts"
+
+	CapMemory = "memory"
+
+	TypeGPU = "gpu"
+)
+
+// API limits per ResourceSlice (resource.k8s.io/v1).
+const (
+	MaxDevicesPerSlice = 128
+	// MaxDevicesPerSliceWithCounters applies when any device has taints,
+	// consumes counters or uses list attributes.
+	MaxDevicesPerSliceWithCounters = 64
+	MaxAttributesAndCapacities     = 32
+)
+
+// GPUDevice is the published form of one whole GPU.
+func GPUDevice(g discovery.GPU) resourceapi.Device {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:                  str(TypeGPU),
+		AttrUUID:                  str(g.UUID),
+		AttrProductName:           str(g.ProductName),
+		AttrBrand:                 str(g.Brand),
+		AttrArchitecture:          str(g.Architecture),
+		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
+		AttrDriverVersion:         version(g.DriverVersion),
+		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
+		AttrIndex:                 integer(int64(g.Index)),
+		AttrMIGCapable:            {BoolValue: ptr.To(g.MIGCapable)},
+		AttrNVLinkDomain:          str(g.NVLinkDomain),
+		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
+	}
+	if g.PCIeRoot != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
+	}
+	if g.NUMANode != nil {
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(*g.NUMANode))
+	}
+	if g.NVLinkClique != "" {
+		attrs[AttrNVLinkClique] = str(g.NVLinkClique)
+	}
+	if g.PowerMaxWatts > 0 {
+		attrs[AttrPowerMinWatts] = integer(g.PowerMinWatts)
+		attrs[AttrPowerMaxWatts] = integer(g.PowerMaxWatts)
+		attrs[AttrPowerDefaultWatts] = integer(g.PowerDefaultWatts)
+	}
+	return resourceapi.Device{
+		Name:       g.Name(),
+		Attributes: attrs,
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapMemory: {Value: *resource.NewQuantity(g.MemoryBytes, resource.BinarySI)},
+		},
+	}
+}
+
+// Build lays out a node's devices as one pool named after the node.
+func Build(nodeName string, gpus []discovery.GPU) (resourceslice.DriverResources, error) {
+	gpus = append([]discovery.GPU(nil), gpus...)
+	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+	devices := make([]resourceapi.Device, 0, len(gpus))
+	for _, g := range gpus {
+		d := GPUDevice(g)
+		if n := len(d.Attributes) + len(d.Capacity); n > MaxAttributesAndCapacities {
+			return resourceslice.DriverResources{}, fmt.Errorf("device %s has %d attributes and capacities, the API allows %d", d.Name, n, MaxAttributesAndCapacities)
+		}
+		devices = append(devices, d)
+	}
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{
+			nodeName: {Slices: chunk(devices)},
+		},
+	}, nil
+}
+
+// chunk splits devices into slices within the per-slice device limit.
+func chunk(devices []resourceapi.Device) []resourceslice.Slice {
+	limit := MaxDevicesPerSlice
+	for _, d := range devices {
+		if len(d.Taints) > 0 || len(d.ConsumesCounters) > 0 {
+			limit = MaxDevicesPerSliceWithCounters
+			break
+		}
+	}
+	var out []resourceslice.Slice
+	for len(devices) > 0 {
+		n := min(limit, len(devices))
+		out = append(out, resourceslice.Slice{Devices: devices[:n]})
+		devices = devices[n:]
+	}
+	if len(out) == 0 {
+		// A node without GPUs still publishes its (empty) pool so that the
+		// scheduler knows the driver runs there.
+		out = append(out, resourceslice.Slice{})
+	}
+	return out
+}
+
+// Objects renders DriverResources as the ResourceSlice objects the
+// resourceslice controller would create for a node, for display.
+func Objects(nodeName string, res resourceslice.DriverResources) []resourceapi.ResourceSlice {
+	pools := make([]string, 0, len(res.Pools))
+	for name := range res.Pools {
+		pools = append(pools, name)
+	}
+	sort.Strings(pools)
+	var out []resourceapi.ResourceSlice
+	for _, name := range pools {
+		pool := res.Pools[name]
+		for i, s := range pool.Slices {
+			out = append(out, resourceapi.ResourceSlice{
+				TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", nodeName, DriverName, i)},
+				Spec: resourceapi.ResourceSliceSpec{
+					Driver:   DriverName,
+					NodeName: ptr.To(nodeName),
+					Pool: resourceapi.ResourcePool{
+						Name:               name,
+						Generation:         pool.Generation,
+						ResourceSliceCount: int64(len(pool.Slices)),
+					},
+					Devices:        s.Devices,
+					SharedCounters: s.SharedCounters,
+				},
+			})
+		}
+	}
+	return out
+}
+
+func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+func version(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{VersionValue: &s}
+}
+func integer(i int64) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{IntValue: &i} }
