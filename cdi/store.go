@@ -1,0 +1,191 @@
+package cdi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+// fileMode of every spec file: readable by the runtime, never world-writable.
+const fileMode = 0o644
+
+// Store writes, removes and lists the spec files of claims in one directory
+// (usually /var/run/cdi, which the runtime watches).
+//
+// File contract: one file per claim, named
+// "gpu.tessera.dev-gpu_<claimUID>.json" (the CDI library's transient spec
+// name). Files appear and change only by rename, so the runtime never sees a
+// partial spec; temporary files start with "." and do not end in ".json", so
+// CDI scanners skip them. A crash mid-write can leave such a temporary file
+// behind; it is harmless. A Store holds no state besides its dir: calls for
+// different claims may run concurrently.
+type Store struct {
+	dir string
+}
+
+// NewStore returns a Store for dir, creating dir (mode 0755) if needed.
+func NewStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create CDI spec dir: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+// filePrefix starts the name of every spec file of ours.
+var filePrefix = cdiapi.GenerateTransientSpecName(Vendor, Class, "")
+
+// Path returns the path of the spec file of a claim.
+func (s *Store) Path(claimUID string) string {
+	return filepath.Join(s.dir, fileName(claimUID))
+}
+
+func fileName(claimUID string) string {
+	return cdiapi.GenerateTransientSpecName(Vendor, Class, claimUID) + ".json"
+}
+
+// Write validates spec, writes its CDI spec file atomically (replacing any
+// earlier one of the same claim) and returns the fully-qualified CDI device ID
+// of each device, keyed by the device's Name. A spec the CDI library would
+// reject never reaches the file name the runtime reads.
+func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
+	raw, err := spec.toCDI()
+	if err != nil {
+		return nil, fmt.Errorf("%s: build CDI spec: %w", spec, err)
+	}
+	data, err := json.MarshalIndent(raw, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("%s: encode CDI spec: %w", spec, err)
+	}
+	if err := s.writeFile(s.Path(spec.ClaimUID), data); err != nil {
+		return nil, fmt.Errorf("%s: %w", spec, err)
+	}
+	ids := make(map[string]string, len(spec.Devices))
+	for _, d := range spec.Devices {
+		ids[d.Name] = DeviceID(spec.ClaimUID, d.Name)
+	}
+	return ids, nil
+}
+
+// writeFile writes data to path by way of a temporary file in the same dir:
+// write, fsync, let the CDI library read and validate it, rename, fsync dir.
+func (s *Store) writeFile(path string, data []byte) (err error) {
+	tmp, err := os.CreateTemp(s.dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("create temporary spec file in %s: %w", s.dir, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if err := tmp.Chmod(fileMode); err != nil {
+		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	// Validate the very bytes the runtime will read, the way it reads them.
+	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
+		return fmt.Errorf("CDI library rejects the spec for %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("wrote %s but: %w", path, err)
+	}
+	return nil
+}
+
+// Remove deletes the spec file of a claim. A missing file is success, so
+// Remove can be retried.
+func (s *Store) Remove(claimUID string) error {
+	if err := validateClaimUID(claimUID); err != nil {
+		return fmt.Errorf("remove CDI spec: %w", err)
+	}
+	path := s.Path(claimUID)
+	err := os.Remove(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("claim %s: remove CDI spec: %w", claimUID, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("claim %s: removed %s but: %w", claimUID, path, err)
+	}
+	return nil
+}
+
+// List reads back every spec file of ours in the directory, sorted by claim
+// UID, e.g. to rebuild a lost checkpoint. Files of others (any name without
+// our prefix) are ignored. Files of ours that cannot be read, fail CDI
+// validation, or lack our annotations do not stop List: the specs that could
+// be read are returned together with an error that names each bad file.
+func (s *Store) List() ([]ClaimSpec, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list CDI specs: %w", err)
+	}
+	var (
+		specs []ClaimSpec
+		errs  []error
+	)
+	for _, e := range entries { // sorted by name, so by claim UID
+		name := e.Name()
+		if e.IsDir() || !strings.HasPrefix(name, filePrefix) || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		path := filepath.Join(s.dir, name)
+		spec, err := readSpec(path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("CDI spec %s: %w; remove the file if its claim is gone", path, err))
+			continue
+		}
+		specs = append(specs, spec)
+	}
+	return specs, errors.Join(errs...)
+}
+
+func readSpec(path string) (ClaimSpec, error) {
+	spec, err := cdiapi.ReadSpec(path, 0)
+	if err != nil {
+		return ClaimSpec{}, err
+	}
+	c, err := fromCDI(spec.Spec)
+	if err != nil {
+		return ClaimSpec{}, err
+	}
+	if err := validateClaimUID(c.ClaimUID); err != nil {
+		return ClaimSpec{}, err
+	}
+	if fileName(c.ClaimUID) != filepath.Base(path) {
+		return ClaimSpec{}, fmt.Errorf("claim UID %q does not match the file name", c.ClaimUID)
+	}
+	return c, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open dir to fsync: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}

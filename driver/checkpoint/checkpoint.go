@@ -1,0 +1,236 @@
+// Package checkpoint persists which claims a node has prepared, so that a
+// restarted plugin knows what it owns.
+//
+// The contract:
+//   - The file holds every claim the plugin has started or finished preparing
+//     or unpreparing, with the devices each holds. It is replaced atomically
+//     (temp file, fsync, rename, fsync of the directory): a crash leaves the
+//     old or the new file, never a mix.
+//   - It carries a format version. A binary reads every version up to its own
+//     and migrates older ones forward; fields a newer binary added are ignored
+//     by an older one (downgrades keep working within a version).
+//   - Its checksum covers the stored payload bytes (in compact JSON form), not
+//     a re-encoding of decoded structs, so adding a field never makes an old
+//     file look corrupted (the anchor driver's upgrade failure).
+//   - It carries the boot ID it was written under. Prepared state does not
+//     survive a reboot (CDI specs live on tmpfs, MIG instances vanish), so a
+//     different boot ID means the state is stale.
+//   - A file that cannot be read is reported as ErrCorrupt; the caller rebuilds
+//     state from what is on disk rather than crash-looping.
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Version is the format this binary writes.
+const Version = 1
+
+// FileName is the checkpoint's name inside the plugin data directory.
+const FileName = "checkpoint.json"
+
+// ErrCorrupt marks a checkpoint that exists but cannot be trusted.
+var ErrCorrupt = errors.New("checkpoint is corrupted")
+
+// Phase is where a claim stands in its two-phase prepare or unprepare.
+type Phase string
+
+const (
+	PrepareStarted   Phase = "PrepareStarted"
+	PrepareCompleted Phase = "PrepareCompleted"
+	UnprepareStarted Phase = "UnprepareStarted"
+)
+
+// Claim is one claim's prepared state.
+type Claim struct {
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Phase     Phase    `json:"phase"`
+	Devices   []Device `json:"devices"`
+}
+
+// Device is one allocated device as prepared for a claim.
+type Device struct {
+	Requests     []string `json:"requests,omitempty"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	AdminAccess  bool     `json:"adminAccess,omitempty"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// Data is the checkpoint's content.
+type Data struct {
+	BootID string `json:"bootID"`
+	// Claims by claim UID.
+	Claims map[string]Claim `json:"claims"`
+}
+
+// envelope is the on-disk form: the payload is kept as raw bytes so the
+// checksum is verified over exactly what was written.
+type envelope struct {
+	Version  int             `json:"version"`
+	Checksum uint32          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// Encode renders data in the current format.
+func Encode(d Data) ([]byte, error) {
+	if d.Claims == nil {
+		d.Claims = map[string]Claim{}
+	}
+	payload, err := json.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return json.MarshalIndent(envelope{Version: Version, Checksum: crc32.ChecksumIEEE(payload), Data: payload}, "", " ")
+}
+
+// Decode reads any supported version. Errors wrap ErrCorrupt and say what is
+// wrong; a version newer than this binary's is refused with the fix.
+func Decode(raw []byte) (Data, error) {
+	var env envelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return Data{}, fmt.Errorf("%w: not a checkpoint envelope: %v", ErrCorrupt, err)
+	}
+	if env.Version < 1 {
+		return Data{}, fmt.Errorf("%w: missing or invalid version %d", ErrCorrupt, env.Version)
+	}
+	if env.Version > Version {
+		return Data{}, fmt.Errorf("checkpoint format version %d is newer than this plugin's %d: roll forward to the newer plugin, or remove the checkpoint after unpreparing its claims", env.Version, Version)
+	}
+	// Compact first: the indented envelope may have re-spaced the payload.
+	if sum := crc32.ChecksumIEEE(compact(env.Data)); sum != env.Checksum {
+		return Data{}, fmt.Errorf("%w: checksum %08x does not match content %08x", ErrCorrupt, env.Checksum, sum)
+	}
+	var d Data
+	if err := json.Unmarshal(env.Data, &d); err != nil {
+		return Data{}, fmt.Errorf("%w: payload: %v", ErrCorrupt, err)
+	}
+	if d.Claims == nil {
+		d.Claims = map[string]Claim{}
+	}
+	for uid, c := range d.Claims {
+		switch c.Phase {
+		case PrepareStarted, PrepareCompleted, UnprepareStarted:
+		default:
+			return Data{}, fmt.Errorf("%w: claim %s has unknown phase %q", ErrCorrupt, uid, c.Phase)
+		}
+	}
+	return d, nil
+}
+
+func compact(b []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return b
+	}
+	return buf.Bytes()
+}
+
+// Store reads and writes the checkpoint file in one directory. It does no
+// locking of its own: its one caller serialises writes.
+type Store struct {
+	path string
+}
+
+// NewStore uses dir (created 0750 when missing) for the checkpoint.
+func NewStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("create checkpoint directory: %w", err)
+	}
+	return &Store{path: filepath.Join(dir, FileName)}, nil
+}
+
+// Path is the checkpoint file's path.
+func (s *Store) Path() string { return s.path }
+
+// Load reads the checkpoint; a missing file is an empty one.
+func (s *Store) Load() (Data, error) {
+	raw, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Data{Claims: map[string]Claim{}}, nil
+	}
+	if err != nil {
+		return Data{}, fmt.Errorf("read checkpoint %s: %w", s.path, err)
+	}
+	d, err := Decode(raw)
+	if err != nil {
+		return Data{}, fmt.Errorf("checkpoint %s: %w", s.path, err)
+	}
+	return d, nil
+}
+
+// Save replaces the checkpoint atomically and durably.
+func (s *Store) Save(d Data) error {
+	raw, err := Encode(d)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(s.path, raw, 0o600)
+}
+
+// Quarantine moves an unreadable checkpoint aside (for a post-mortem) and
+// returns where it went.
+func (s *Store) Quarantine(suffix string) (string, error) {
+	dst := s.path + ".corrupt-" + suffix
+	if err := os.Rename(s.path, dst); err != nil {
+		return "", fmt.Errorf("move corrupted checkpoint aside: %w", err)
+	}
+	return dst, nil
+}
+
+// WriteFileAtomic writes data to path through a temp file in the same
+// directory, fsyncs it, renames it over path and fsyncs the directory.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer func() { _ = os.Remove(tmp) }()
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(perm); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	defer func() { _ = d.Close() }()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// BootID reads the kernel's boot ID from path (normally
+// /proc/sys/kernel/random/boot_id).
+func BootID(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read boot ID: %w", err)
+	}
+	return strings.TrimSpace(string(raw)), nil
+}
