@@ -53,6 +53,13 @@ var gb200 = func() gpus.Config {
 	return c
 }()
 
+// a100 drops the mock's "Mock " name prefix: fixtures look like real boards.
+var a100 = func() gpus.Config {
+	c := gpus.A100_SXM4_40GB
+	c.Name = "NVIDIA A100-SXM4-40GB"
+	return c
+}()
+
 var l4 = gpus.Config{
 	Name:         "NVIDIA L4",
 	Architecture: nvml.DEVICE_ARCH_ADA,
@@ -88,7 +95,7 @@ func all(n int) [][]int {
 
 var profiles = map[string]Profile{
 	"dgx-a100": {
-		Name: "dgx-a100", GPU: gpus.A100_SXM4_40GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		Name: "dgx-a100", GPU: a100, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
 		MIGCapable:    true,
 		GPUs:          dgxPlacement([8]string{"07", "0f", "47", "4e", "87", "90", "c7", "ce"}, [4]string{"pci0000:00", "pci0000:40", "pci0000:80", "pci0000:c0"}),
 		NVLinkIslands: all(8), NVLinks: 12,

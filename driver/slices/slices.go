@@ -135,7 +135,8 @@ func chunk(devices []resourceapi.Device) []resourceslice.Slice {
 }
 
 // Objects renders DriverResources as the ResourceSlice objects the
-// resourceslice controller would create for a node, for display.
+// resourceslice controller would create for a node, for display. Names follow
+// the controller's "<index>-<driver>-<node>" prefix, without its random suffix.
 func Objects(nodeName string, res resourceslice.DriverResources) []resourceapi.ResourceSlice {
 	pools := make([]string, 0, len(res.Pools))
 	for name := range res.Pools {
@@ -148,7 +149,7 @@ func Objects(nodeName string, res resourceslice.DriverResources) []resourceapi.R
 		for i, s := range pool.Slices {
 			out = append(out, resourceapi.ResourceSlice{
 				TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", nodeName, DriverName, i)},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%x-%s-%s", i, DriverName, nodeName)},
 				Spec: resourceapi.ResourceSliceSpec{
 					Driver:   DriverName,
 					NodeName: ptr.To(nodeName),

@@ -1,0 +1,103 @@
+// Package devnodes says which device nodes a container needs for a GPU and
+// what their numbers are, reading the host (stat, /proc/devices) rather than
+// assuming: nvidia-uvm's major is assigned at module load.
+package devnodes
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tessera-dev/tessera/cdi"
+)
+
+// NvidiaMajor is the NVIDIA character devices' fixed major number.
+const NvidiaMajor = 195
+
+// ctlMinor is /dev/nvidiactl's minor number.
+const ctlMinor = 255
+
+// Resolver finds device nodes under a dev root and their numbers.
+type Resolver struct {
+	// DevRoot holds dev/ (the host root, or a containerised driver's root).
+	DevRoot string
+	// HostRoot holds proc/devices.
+	HostRoot string
+	uvmMajor int64
+}
+
+// New reads what the host says about NVIDIA's device numbers.
+func New(devRoot, hostRoot string) (*Resolver, error) {
+	r := &Resolver{DevRoot: devRoot, HostRoot: hostRoot}
+	majors, err := readProcDevices(filepath.Join(hostRoot, "proc", "devices"))
+	if err != nil {
+		return nil, err
+	}
+	r.uvmMajor = majors["nvidia-uvm"]
+	return r, nil
+}
+
+// GPU is the device node of the GPU with the given minor number.
+func (r *Resolver) GPU(minor int) cdi.DeviceNode {
+	return r.node(fmt.Sprintf("/dev/nvidia%d", minor), NvidiaMajor, int64(minor))
+}
+
+// Control lists the nodes every CUDA container needs beside its GPUs.
+// nvidia-uvm is left out when the module is not loaded (no major number).
+func (r *Resolver) Control() []cdi.DeviceNode {
+	out := []cdi.DeviceNode{r.node("/dev/nvidiactl", NvidiaMajor, ctlMinor)}
+	if r.uvmMajor > 0 {
+		out = append(out, r.node("/dev/nvidia-uvm", r.uvmMajor, 0), r.node("/dev/nvidia-uvm-tools", r.uvmMajor, 1))
+	}
+	return out
+}
+
+// node prefers the numbers of a real device node on the host and falls back on
+// the expected ones (fake nodes use regular files).
+func (r *Resolver) node(path string, major, minor int64) cdi.DeviceNode {
+	host := filepath.Join(r.DevRoot, path)
+	var st unix.Stat_t
+	if err := unix.Stat(host, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
+		major, minor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	}
+	return cdi.DeviceNode{Path: path, HostPath: host, Major: major, Minor: minor}
+}
+
+// readProcDevices maps character device names to majors.
+func readProcDevices(path string) (map[string]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read device numbers: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	inChar := false
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "Character devices:":
+			inChar = true
+			continue
+		case line == "" || strings.HasSuffix(line, "devices:"):
+			inChar = false
+			continue
+		}
+		if !inChar {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			continue
+		}
+		if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
+			out[fields[1]] = n
+		}
+	}
+	return out, sc.Err()
+}

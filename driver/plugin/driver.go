@@ -1,0 +1,60 @@
+// Package plugin is Tessera's kubelet plugin: it wires discovery, slices and
+// the prepare state machine to the kubelet through kubeletplugin. The DRAPlugin
+// implementation below only delegates; the work lives in the packages it calls.
+package plugin
+
+import (
+	"context"
+	"errors"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/tessera-dev/tessera/driver/prepare"
+)
+
+// Driver implements kubeletplugin.DRAPlugin.
+type Driver struct {
+	claims *prepare.Manager
+	// fatal cancels the plugin when a background error cannot be retried.
+	fatal context.CancelCauseFunc
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// PrepareResourceClaims prepares each claim independently; one claim's
+// failure does not fail the others.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		devs, err := d.claims.Prepare(ctx, c)
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
+	}
+	return out, nil
+}
+
+// UnprepareResourceClaims releases each claim; unknown claims succeed.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		out[c.UID] = d.claims.Unprepare(ctx, c.UID)
+	}
+	return out, nil
+}
+
+// HandleError logs background errors; unrecoverable ones stop the plugin so
+// that the DaemonSet restarts it.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	runtime.HandleErrorWithContext(ctx, err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {
+		d.fatal(err)
+	}
+}
+
+// WatchHealthStatus is not implemented yet: device health arrives with the
+// health work.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

@@ -1,0 +1,66 @@
+package plugin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/slices"
+)
+
+// Options are the kubelet plugin's settings, from flags with environment
+// fallbacks for the DaemonSet.
+type Options struct {
+	Node nodeopen.Options
+
+	Kubeconfig   string
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+
+	CDIRoot       string
+	PluginDataDir string
+	RegistrarDir  string
+	BootIDFile    string
+	// PodUID enables the kubelet's rolling-update mode (two plugin pods
+	// serving side by side during a DaemonSet update).
+	PodUID string
+}
+
+// AddFlags registers the options.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.Node.AddFlags(fs)
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server. Prepares read claims from it, so keep this above the expected prepare rate.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	fs.StringVar(&o.CDIRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory the container runtime reads CDI specs from. Environment: CDI_ROOT.")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket and checkpoint. Environment: PLUGIN_DATA_DIR.")
+	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
+	fs.StringVar(&o.BootIDFile, "boot-id-file", env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
+	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables seamless rolling updates. Environment: POD_UID.")
+}
+
+// Validate checks the options before anything starts.
+func (o *Options) Validate() error {
+	if err := o.Node.Validate(); err != nil {
+		return err
+	}
+	for flag, dir := range map[string]string{"--cdi-root": o.CDIRoot, "--plugin-data-dir": o.PluginDataDir, "--registrar-dir": o.RegistrarDir} {
+		if dir == "" || !filepath.IsAbs(dir) {
+			return fmt.Errorf("%s %q: want an absolute directory path", flag, dir)
+		}
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	return nil
+}
+
+func env(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return def
+}

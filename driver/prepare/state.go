@@ -1,0 +1,225 @@
+// Package prepare is the node's claim state machine: it prepares and
+// unprepares ResourceClaims for the devices allocated to this node, records
+// every step in the checkpoint, writes CDI specs, and recovers after a crash.
+//
+// The contract:
+//   - Every claim moves PrepareStarted -> PrepareCompleted -> UnprepareStarted
+//     -> gone, and each move is checkpointed before the work it announces.
+//     After a crash, PrepareStarted claims are rolled back (their CDI spec
+//     removed, their devices released) and the kubelet's retry prepares them
+//     afresh; UnprepareStarted claims are finished.
+//   - Prepare is idempotent: a prepared claim returns the devices recorded for
+//     it. Unprepare of an unknown claim succeeds.
+//   - A device belongs to at most one claim (admin-access results excepted,
+//     which only observe). A claim asking for a device another claim holds is
+//     refused, naming the holder: the driver is the last line of defence when
+//     the scheduler double-allocates.
+//   - Claims never wait for each other except for the few microseconds of a
+//     shared map update and the checkpoint write; operations on one claim are
+//     serialised by a per-claim lock.
+//   - What is published and prepared is derived from NVML at start; nothing
+//     about devices is trusted from the checkpoint except which claim holds
+//     which device.
+package prepare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/devnodes"
+	"github.com/tessera-dev/tessera/driver/discovery"
+)
+
+// Config is what the state machine needs from the node.
+type Config struct {
+	// DriverName and PoolName select this node's allocation results.
+	DriverName string
+	PoolName   string
+	GPUs       []discovery.GPU
+	CDI        *cdi.Store
+	Checkpoint *checkpoint.Store
+	DevNodes   *devnodes.Resolver
+	// DriverFiles are the driver's libraries and tools, mounted into every
+	// container that gets a GPU.
+	DriverFiles cdi.Edits
+	// BootID is the current boot's ID.
+	BootID string
+}
+
+// Manager prepares and unprepares claims.
+type Manager struct {
+	cfg  Config
+	gpus map[string]discovery.GPU
+
+	claimLocks keyedMutex
+
+	mu     sync.Mutex // guards data and owners; held across checkpoint writes
+	data   checkpoint.Data
+	owners map[string]types.UID // device name -> exclusive holder
+}
+
+// New loads the checkpoint and brings the node to a consistent state: see
+// Recover.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	m := &Manager{cfg: cfg, gpus: map[string]discovery.GPU{}, owners: map[string]types.UID{}}
+	for _, g := range cfg.GPUs {
+		m.gpus[g.Name()] = g
+	}
+	if err := m.recover(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// recover loads the checkpoint and settles whatever a crash left half done.
+func (m *Manager) recover(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	data, err := m.cfg.Checkpoint.Load()
+	switch {
+	case errors.Is(err, checkpoint.ErrCorrupt):
+		moved, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
+		logger.Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "movedTo", moved, "moveErr", qerr)
+		data, err = m.rebuildFromCDI(ctx)
+		if err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	}
+	if data.BootID != "" && data.BootID != m.cfg.BootID {
+		logger.Info("Node rebooted since the checkpoint was written; discarding stale prepared claims", "claims", len(data.Claims), "oldBootID", data.BootID, "bootID", m.cfg.BootID)
+		for uid := range data.Claims {
+			if err := m.cfg.CDI.Remove(uid); err != nil {
+				return err
+			}
+		}
+		data.Claims = map[string]checkpoint.Claim{}
+	}
+	data.BootID = m.cfg.BootID
+	for uid, c := range data.Claims {
+		switch c.Phase {
+		case checkpoint.PrepareStarted:
+			logger.Info("Rolling back a prepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		case checkpoint.UnprepareStarted:
+			logger.Info("Finishing an unprepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		default:
+			continue
+		}
+		if err := m.cfg.CDI.Remove(uid); err != nil {
+			return err
+		}
+		delete(data.Claims, uid)
+	}
+	if err := m.removeOrphanSpecs(ctx, data); err != nil {
+		return err
+	}
+	for uid, c := range data.Claims {
+		for _, d := range c.Devices {
+			if !d.AdminAccess {
+				m.owners[d.Device] = types.UID(uid)
+			}
+		}
+	}
+	m.data = data
+	return m.cfg.Checkpoint.Save(m.data)
+}
+
+// rebuildFromCDI reconstructs prepared claims from the CDI specs, which are
+// written before a prepare completes and removed before an unprepare does.
+func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
+	specs, err := m.cfg.CDI.List()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Some CDI specs could not be read while rebuilding the checkpoint; they are left out")
+	}
+	data := checkpoint.Data{BootID: m.cfg.BootID, Claims: map[string]checkpoint.Claim{}}
+	for _, s := range specs {
+		c := checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted}
+		for _, d := range s.Devices {
+			c.Devices = append(c.Devices, checkpoint.Device{
+				Pool:         m.cfg.PoolName,
+				Device:       d.Name,
+				CDIDeviceIDs: []string{cdi.DeviceID(s.ClaimUID, d.Name)},
+			})
+		}
+		data.Claims[s.ClaimUID] = c
+	}
+	return data, nil
+}
+
+// removeOrphanSpecs deletes CDI specs of ours that no claim owns.
+func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) error {
+	specs, _ := m.cfg.CDI.List()
+	for _, s := range specs {
+		if _, ok := data.Claims[s.ClaimUID]; ok {
+			continue
+		}
+		klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName))
+		if err := m.cfg.CDI.Remove(s.ClaimUID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PreparedClaims returns the UIDs of the claims currently prepared.
+func (m *Manager) PreparedClaims() map[types.UID]checkpoint.Claim {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[types.UID]checkpoint.Claim, len(m.data.Claims))
+	for uid, c := range m.data.Claims {
+		out[types.UID(uid)] = c
+	}
+	return out
+}
+
+// save writes the checkpoint; m.mu must be held.
+func (m *Manager) save() error {
+	if err := m.cfg.Checkpoint.Save(m.data); err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	return nil
+}
+
+// keyedMutex serialises operations per key without a global lock.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[types.UID]*refMutex
+}
+
+type refMutex struct {
+	sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key types.UID) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[types.UID]*refMutex{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &refMutex{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}
