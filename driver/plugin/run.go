@@ -91,11 +91,13 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	if err := helper.PublishResources(ctx, resources); err != nil {
-		helper.Stop()
-		cancel(err)
-		return nil, fmt.Errorf("publish resource slices: %w", err)
-	}
+	// Publishing waits for the API server; registration with the kubelet and
+	// unprepares of recorded claims must not, so it runs in the background.
+	go func() {
+		if err := helper.PublishResources(ctx, resources); err != nil && ctx.Err() == nil {
+			d.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
+		}
+	}()
 	logger.Info("Kubelet plugin started", "node", o.Node.NodeName, "devices", len(gpus), "registrarDir", o.RegistrarDir, "pluginDataDir", o.PluginDataDir)
 	return &Plugin{helper: helper, driver: d, ctx: ctx}, nil
 }
