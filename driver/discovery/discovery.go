@@ -204,8 +204,7 @@ func assignNVLinkDomains(gpus []GPU, handles []nvml.Device) error {
 	for i := range parent {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			parent[i] = parent[parent[i]]
 			i = parent[i]
