@@ -1,0 +1,16 @@
+// Package rbac embeds the components' RBAC manifests, so that tests install
+// exactly what operators install.
+package rbac
+
+import _ "embed"
+
+// KubeletPlugin is the kubelet plugin's namespace, service account and role.
+//
+//go:embed kubelet-plugin.yaml
+var KubeletPlugin []byte
+
+// Namespace and ServiceAccount the kubelet plugin runs as.
+const (
+	Namespace            = "tessera-system"
+	KubeletPluginAccount = "tessera-kubelet-plugin"
+)
