@@ -63,6 +63,23 @@ type Device struct {
 	Device       string   `json:"device"`
 	AdminAccess  bool     `json:"adminAccess,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// MIG is the partition Tessera creates for the device. It is recorded
+	// with the PrepareStarted mark, before the partition exists, so that a
+	// crash at any point can be rolled back from the checkpoint alone.
+	MIG *MIGPartition `json:"mig,omitempty"`
+}
+
+// MIGPartition locates a MIG partition on its GPU.
+type MIGPartition struct {
+	GPUUUID    string `json:"gpuUUID"`
+	ProfileID  int    `json:"profileID"`
+	Start      int    `json:"start"`
+	Size       int    `json:"size"`
+	Switchable bool   `json:"switchable,omitempty"`
+	// Set once the partition exists:
+	GPUInstance     int    `json:"gpuInstance,omitempty"`
+	ComputeInstance int    `json:"computeInstance,omitempty"`
+	UUID            string `json:"uuid,omitempty"`
 }
 
 // Data is the checkpoint's content.

@@ -10,7 +10,11 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"k8s.io/component-base/featuregate"
+
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/features"
+	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
@@ -29,6 +33,7 @@ func NewCommand() *cobra.Command {
 func newInspectCommand() *cobra.Command {
 	var node nodeopen.Options
 	var output string
+	gates := features.New()
 	cmd := &cobra.Command{
 		Use:   "inspect",
 		Short: "Print the ResourceSlices this node would publish",
@@ -42,16 +47,17 @@ func newInspectCommand() *cobra.Command {
 			if err := node.Validate(); err != nil {
 				return err
 			}
-			return Inspect(cmd.Context(), cmd.OutOrStdout(), node, output)
+			return Inspect(cmd.Context(), cmd.OutOrStdout(), node, output, gates)
 		},
 	}
 	node.AddFlags(cmd.Flags())
+	gates.AddFlag(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "Output format: yaml or json.")
 	return cmd
 }
 
 // Inspect writes the node's slices to w as a YAML stream or a JSON list.
-func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output string) error {
+func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output string, gates featuregate.FeatureGate) error {
 	n, err := opts.Open()
 	if err != nil {
 		return err
@@ -61,7 +67,8 @@ func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output str
 	if err != nil {
 		return fmt.Errorf("discover GPUs: %w", err)
 	}
-	res, err := slices.Build(opts.NodeName, gpus)
+	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
+	res, err := slices.Build(opts.NodeName, inv, slices.Options{})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 )
 
@@ -21,7 +22,7 @@ func inspect(t *testing.T, profile, output string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	opts := nodeopen.Options{NodeName: "node-a", FakeNode: profile, FakeRoot: t.TempDir()}
-	if err := Inspect(context.Background(), &buf, opts, output); err != nil {
+	if err := Inspect(context.Background(), &buf, opts, output, features.New()); err != nil {
 		t.Fatalf("inspect %s: %v", profile, err)
 	}
 	return buf.Bytes()

@@ -29,6 +29,9 @@ type Resolver struct {
 	// HostRoot holds proc/devices.
 	HostRoot string
 	uvmMajor int64
+	// capsMajor and migMinors number the MIG capability devices.
+	capsMajor int64
+	migMinors map[string]int64
 }
 
 // New reads what the host says about NVIDIA's device numbers.
@@ -39,7 +42,56 @@ func New(devRoot, hostRoot string) (*Resolver, error) {
 		return nil, err
 	}
 	r.uvmMajor = majors["nvidia-uvm"]
+	r.capsMajor = majors["nvidia-caps"]
+	r.migMinors, err = readMIGMinors(filepath.Join(hostRoot, "proc", "driver", "nvidia-caps", "mig-minors"))
+	if err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// MIG lists the nodes a container needs for one MIG device besides its
+// parent GPU's node: the capability devices granting access to the GPU
+// instance and to the compute instance.
+func (r *Resolver) MIG(parentMinor, gpuInstance, computeInstance int) ([]cdi.DeviceNode, error) {
+	if r.capsMajor == 0 || r.migMinors == nil {
+		return nil, fmt.Errorf("the nvidia-caps device is not registered on this host (no nvidia-caps in /proc/devices or no mig-minors): MIG devices cannot be injected")
+	}
+	var out []cdi.DeviceNode
+	for _, key := range []string{
+		fmt.Sprintf("gpu%d/gi%d/access", parentMinor, gpuInstance),
+		fmt.Sprintf("gpu%d/gi%d/ci%d/access", parentMinor, gpuInstance, computeInstance),
+	} {
+		minor, ok := r.migMinors[key]
+		if !ok {
+			return nil, fmt.Errorf("no MIG capability minor for %s", key)
+		}
+		out = append(out, r.node(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor), r.capsMajor, minor))
+	}
+	return out, nil
+}
+
+// readMIGMinors reads the kernel's table of MIG capability minors; a host
+// without MIG support has none.
+func readMIGMinors(path string) (map[string]int64, error) {
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read MIG capability minors: %w", err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			out[f[0]] = n
+		}
+	}
+	return out, nil
 }
 
 // GPU is the device node of the GPU with the given minor number.

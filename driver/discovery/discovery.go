@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/driver/gpulib"
+	"github.com/tessera-dev/tessera/driver/mig"
 )
 
 // GPU is one physical GPU as Tessera models it.
@@ -43,6 +44,11 @@ type GPU struct {
 
 	MIGCapable bool
 	MIGEnabled bool
+	// MIGSwitchable GPUs (Hopper and newer) change MIG mode without a reset.
+	MIGSwitchable bool
+	// MIG holds the profiles, placements and existing instances of a
+	// MIG-capable GPU; nil otherwise.
+	MIG *mig.Info
 
 	// NVLinkDomain is shared by GPUs joined by NVLink inside this node; a GPU
 	// without NVLink peers has one of its own.
@@ -74,21 +80,31 @@ func Discover(ctx context.Context, node *gpulib.Node) ([]GPU, error) {
 	if err := gpulib.Error(ret); err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
 	}
-	handles := make([]nvml.Device, count)
-	gpus := make([]GPU, count)
+	handles := make([]nvml.Device, 0, count)
+	gpus := make([]GPU, 0, count)
 	for i := 0; i < count; i++ {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if err := gpulib.Error(ret); err != nil {
+			if gpulib.IsGPULost(err) {
+				// A lost GPU cannot be described or used; the health
+				// monitor reports it. The others are still published.
+				logger.Error(err, "GPU is lost, not publishing it", "index", i)
+				continue
+			}
 			return nil, fmt.Errorf("GPU %d: get handle: %w", i, err)
 		}
-		handles[i] = d
 		g, err := readGPU(logger, node, d, i)
 		if err != nil {
+			if gpulib.IsGPULost(err) {
+				logger.Error(err, "GPU is lost, not publishing it", "index", i)
+				continue
+			}
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
 		g.DriverVersion = semver(driver)
 		g.CUDADriverVersion = fmt.Sprintf("%d.%d.0", cudaInt/1000, (cudaInt%1000)/10)
-		gpus[i] = g
+		handles = append(handles, d)
+		gpus = append(gpus, g)
 	}
 	if err := assignNVLinkDomains(gpus, handles); err != nil {
 		return nil, err
@@ -146,6 +162,14 @@ func readGPU(logger klog.Logger, node *gpulib.Node, d nvml.Device, i int) (GPU, 
 	case nvml.SUCCESS:
 		g.MIGCapable = true
 		g.MIGEnabled = cur == nvml.DEVICE_MIG_ENABLE
+		if a, ret := d.GetArchitecture(); ret == nvml.SUCCESS {
+			g.MIGSwitchable = a >= nvml.DEVICE_ARCH_HOPPER
+		}
+		info, err := mig.Read(d)
+		if err != nil {
+			return g, err
+		}
+		g.MIG = info
 	case nvml.ERROR_NOT_SUPPORTED:
 	default:
 		return g, fmt.Errorf("read MIG mode: %w", gpulib.Error(ret))

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
@@ -29,6 +30,9 @@ type Node struct {
 	Server *server.Server
 	// Profile is what the node was built from.
 	Profile Profile
+	// events injects GPU faults (events.go).
+	events *events
+	log    *callLog
 }
 
 // Options says where and as whom a fake node lives.
@@ -71,10 +75,17 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 	for i, d := range srv.Devices {
 		devs[i] = d.(*server.Device)
 	}
+	log := &callLog{}
 	for i, d := range devs {
 		d.UUID = "GPU-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/%s/%d", opts.NodeName, p.Name, i)).String()
 		d.PciBusID = p.GPUs[i].BusID
 		complete(d, i, p, devs, island)
+		completeMIG(d, i, p, log, func() string { return d.UUID })
+		if slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0 {
+			if err := createStatic(d, p.MIGInstances[i]); err != nil {
+				return nil, fmt.Errorf("fake node %s: gpu-%d: %w", p.Name, i, err)
+			}
+		}
 	}
 	if err := writeHostTree(opts.Dir, p, devs); err != nil {
 		return nil, fmt.Errorf("fake node %s: write host tree: %w", p.Name, err)
@@ -83,6 +94,8 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		Node:    gpulib.Node{NVML: srv, HostRoot: opts.Dir, DriverRoot: opts.Dir, Profile: p.Name},
 		Server:  srv,
 		Profile: p,
+		events:  attachEvents(srv, devs),
+		log:     log,
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
@@ -13,7 +14,27 @@ import (
 const (
 	NvidiaMajor = 195
 	UVMMajor    = 235
+	CapsMajor   = 236
 )
+
+// migMinors numbers the MIG capability devices as the kernel module does:
+// config, monitor, then every GPU instance and its compute instances in order.
+func migMinors() string {
+	var b strings.Builder
+	b.WriteString("config 1\nmonitor 2\n")
+	n := 3
+	for gpu := 0; gpu < 32; gpu++ {
+		for gi := 0; gi < 15; gi++ {
+			fmt.Fprintf(&b, "gpu%d/gi%d/access %d\n", gpu, gi, n)
+			n++
+			for ci := 0; ci < 8; ci++ {
+				fmt.Fprintf(&b, "gpu%d/gi%d/ci%d/access %d\n", gpu, gi, ci, n)
+				n++
+			}
+		}
+	}
+	return b.String()
+}
 
 // driverLibs are the user-space driver libraries a fake node installs, as
 // <name>.so.<driver version> with the usual soname links.
@@ -52,8 +73,11 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 			return err
 		}
 	}
-	procDevices := fmt.Sprintf("Character devices:\n  1 mem\n%d nvidia-frontend\n%d nvidia-uvm\n\nBlock devices:\n  8 sd\n", NvidiaMajor, UVMMajor)
+	procDevices := fmt.Sprintf("Character devices:\n  1 mem\n%d nvidia-frontend\n%d nvidia-uvm\n%d nvidia-caps\n\nBlock devices:\n  8 sd\n", NvidiaMajor, UVMMajor, CapsMajor)
 	if err := mkfile(filepath.Join(dir, "proc", "devices"), procDevices, 0o444); err != nil {
+		return err
+	}
+	if err := mkfile(filepath.Join(dir, "proc", "driver", "nvidia-caps", "mig-minors"), migMinors(), 0o444); err != nil {
 		return err
 	}
 	libDir := filepath.Join(dir, "usr", "lib", "x86_64-linux-gnu")

@@ -2,6 +2,7 @@ package fakenode
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -29,6 +30,11 @@ type Profile struct {
 	NVLinks int
 	// Fabric, when set, is what GetGpuFabricInfo reports (multi-node NVLink).
 	Fabric *Fabric
+	// MIGEnabled lists GPUs an operator put in MIG mode before start.
+	MIGEnabled []int
+	// MIGInstances are MIG instances an operator created before start, by
+	// GPU index (their GPUs are in MIG mode).
+	MIGInstances map[int][]StaticInstance
 }
 
 // Placement is where one GPU sits on the PCI tree.
@@ -167,5 +173,6 @@ func Lookup(name string) (Profile, error) {
 		f := *p.Fabric
 		p.Fabric = &f
 	}
+	p.MIGEnabled = slices.Clone(p.MIGEnabled)
 	return p, nil
 }

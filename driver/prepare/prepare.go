@@ -13,6 +13,7 @@ import (
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/inventory"
 )
 
 // Prepare makes the claim's devices on this node usable by containers and
@@ -49,7 +50,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 	m.mu.Unlock()
 
-	prepared, err := m.writeCDI(claim, want)
+	prepared, err := m.materialize(claim, want)
 	if err != nil {
 		m.rollback(ctx, uid, want)
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
@@ -89,6 +90,9 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
+	if err := m.destroyPartitions(c.Devices); err != nil {
+		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -112,14 +116,16 @@ func (m *Manager) allocatedHere(claim *resourceapi.ResourceClaim) ([]checkpoint.
 		if r.Driver != m.cfg.DriverName || r.Pool != m.cfg.PoolName {
 			continue
 		}
-		if _, ok := m.gpus[r.Device]; !ok {
-			return nil, fmt.Errorf("allocated device %s does not exist on node %s (known: %s)", r.Device, m.cfg.PoolName, strings.Join(m.deviceNames(), ", "))
+		d, ok := m.cfg.Inventory.Lookup(r.Device)
+		if !ok {
+			return nil, fmt.Errorf("allocated device %s does not exist on node %s; it may have been published by an earlier configuration of the plugin: delete the claim to have it allocated again", r.Device, m.cfg.PoolName)
 		}
 		out = append(out, checkpoint.Device{
 			Requests:    []string{r.Request},
 			Pool:        r.Pool,
 			Device:      r.Device,
 			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
+			MIG:         migRecord(d),
 		})
 	}
 	return out, nil
@@ -167,51 +173,89 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, devs []checkpoint
 	}
 }
 
-// writeCDI writes the claim's CDI spec and returns the devices with their IDs.
-func (m *Manager) writeCDI(claim *resourceapi.ResourceClaim, devs []checkpoint.Device) ([]checkpoint.Device, error) {
+// materialize creates the claim's MIG partitions and writes its CDI spec,
+// returning the devices with their CDI IDs. On error it undoes what it did.
+func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoint.Device) (out []checkpoint.Device, err error) {
+	out = make([]checkpoint.Device, len(devs))
+	for i, d := range devs {
+		if d.MIG != nil {
+			rec := *d.MIG
+			d.MIG = &rec
+		}
+		out[i] = d
+	}
+	defer func() {
+		if err != nil {
+			_ = m.destroyPartitions(out)
+		}
+	}()
 	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
-	var uuids []string
+	var visible []string
 	seen := map[string]bool{}
-	for _, d := range devs {
+	for i := range out {
+		d := &out[i]
 		if seen[d.Device] {
 			continue // one device may serve several requests
 		}
 		seen[d.Device] = true
-		g := m.gpus[d.Device]
-		uuids = append(uuids, g.UUID)
-		spec.Devices = append(spec.Devices, cdi.Device{
-			Name:        d.Device,
-			DeviceNodes: []cdi.DeviceNode{m.cfg.DevNodes.GPU(g.Minor)},
-			Env:         []string{"TESSERA_GPU_" + strings.ReplaceAll(strings.TrimPrefix(d.Device, "gpu-"), "-", "_") + "_UUID=" + g.UUID},
-		})
+		inv, _ := m.cfg.Inventory.Lookup(d.Device)
+		dev, uuid, err := m.containerDevice(inv, d)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", d.Device, err)
+		}
+		visible = append(visible, uuid)
+		spec.Devices = append(spec.Devices, dev)
 	}
 	if len(spec.Devices) == 0 {
-		return devs, nil
+		return out, nil
 	}
 	spec.Common = cdi.Edits{
 		DeviceNodes: m.cfg.DevNodes.Control(),
-		Env:         []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")},
+		Env:         []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(visible, ",")},
 		Mounts:      m.cfg.DriverFiles.Mounts,
 	}
 	ids, err := m.cfg.CDI.Write(spec)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]checkpoint.Device, len(devs))
-	for i, d := range devs {
-		d.CDIDeviceIDs = []string{ids[d.Device]}
-		out[i] = d
+	for i := range out {
+		out[i].CDIDeviceIDs = []string{ids[out[i].Device]}
 	}
 	return out, nil
 }
 
-func (m *Manager) deviceNames() []string {
-	out := make([]string, 0, len(m.gpus))
-	for n := range m.gpus {
-		out = append(out, n)
+// containerDevice makes the device usable (creating a MIG partition, or
+// taking a switchable GPU out of MIG mode for whole use) and returns what
+// the container needs for it and the UUID it is known by.
+func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (cdi.Device, string, error) {
+	g := inv.GPU
+	parent := m.cfg.DevNodes.GPU(g.Minor)
+	envKey := "TESSERA_" + strings.ToUpper(strings.ReplaceAll(d.Device, "-", "_")) + "_UUID"
+	switch inv.Kind {
+	case inventory.Whole:
+		if inv.Counters != "" && g.MIGSwitchable {
+			if err := m.cfg.MIG.ExitMIG(g.UUID); err != nil {
+				return cdi.Device{}, "", fmt.Errorf("use the whole GPU: %w", err)
+			}
+		}
+		return cdi.Device{Name: d.Device, DeviceNodes: []cdi.DeviceNode{parent}, Env: []string{envKey + "=" + g.UUID}}, g.UUID, nil
+	case inventory.Partition:
+		if err := m.createPartition(d.MIG); err != nil {
+			return cdi.Device{}, "", err
+		}
+		caps, err := m.cfg.DevNodes.MIG(g.Minor, d.MIG.GPUInstance, d.MIG.ComputeInstance)
+		if err != nil {
+			return cdi.Device{}, "", err
+		}
+		return cdi.Device{Name: d.Device, DeviceNodes: append([]cdi.DeviceNode{parent}, caps...), Env: []string{envKey + "=" + d.MIG.UUID}}, d.MIG.UUID, nil
+	default: // a MIG device an operator made
+		in := inv.Instance
+		caps, err := m.cfg.DevNodes.MIG(g.Minor, in.GPUInstanceID, in.ComputeInstanceID)
+		if err != nil {
+			return cdi.Device{}, "", err
+		}
+		return cdi.Device{Name: d.Device, DeviceNodes: append([]cdi.DeviceNode{parent}, caps...), Env: []string{envKey + "=" + in.UUID}}, in.UUID, nil
 	}
-	slices.Sort(out)
-	return out
 }
 
 func results(devs []checkpoint.Device) []kubeletplugin.Device {

@@ -23,6 +23,8 @@ import (
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
@@ -40,11 +42,23 @@ type env struct {
 	cdiDir  string
 	dataDir string
 	bootID  string
+	// dynamicMIG lays the node out with MIG partitions (the default gate).
+	dynamicMIG bool
+	mig        *mig.Manager
 }
 
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
-	n, err := fakenode.New(profile, fakenode.Options{Dir: t.TempDir(), NodeName: nodeName})
+	p, err := fakenode.Lookup(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnvFrom(t, p, true)
+}
+
+func newEnvFrom(t *testing.T, p fakenode.Profile, dynamicMIG bool) *env {
+	t.Helper()
+	n, err := fakenode.FromProfile(p, fakenode.Options{Dir: t.TempDir(), NodeName: nodeName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +66,7 @@ func newEnv(t *testing.T, profile string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, node: n, gpus: gpus, cdiDir: t.TempDir(), dataDir: t.TempDir(), bootID: "boot-1"}
+	return &env{t: t, node: n, gpus: gpus, cdiDir: t.TempDir(), dataDir: t.TempDir(), bootID: "boot-1", dynamicMIG: dynamicMIG, mig: mig.NewManager(n.NVML)}
 }
 
 func (e *env) config() prepare.Config {
@@ -73,7 +87,8 @@ func (e *env) config() prepare.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return prepare.Config{DriverName: driverName, PoolName: nodeName, GPUs: e.gpus, CDI: store, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID}
+	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG})
+	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID}
 }
 
 func (e *env) start() *prepare.Manager {

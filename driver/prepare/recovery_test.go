@@ -149,3 +149,10 @@ func TestOrphanSpecsAreRemovedAtStart(t *testing.T) {
 		t.Errorf("orphan spec kept: %v", f)
 	}
 }
+
+func writeJunk(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, checkpoint.FileName), []byte("{\x00junk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -19,7 +19,12 @@
 //     serialised by a per-claim lock.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
-//     which device.
+//     which device and where its MIG partition sits.
+//   - A MIG partition is recorded (GPU, profile, placement) with the
+//     PrepareStarted mark before it is created, and destroyed before its claim
+//     leaves the checkpoint. At start, partitions on dynamic-MIG GPUs that no
+//     checkpointed claim holds are destroyed, each with a log line: after a
+//     crash or a lost checkpoint nothing leaks.
 package prepare
 
 import (
@@ -36,7 +41,8 @@ import (
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
-	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 )
 
 // Config is what the state machine needs from the node.
@@ -44,7 +50,11 @@ type Config struct {
 	// DriverName and PoolName select this node's allocation results.
 	DriverName string
 	PoolName   string
-	GPUs       []discovery.GPU
+	// Inventory is what the node publishes; prepare resolves names in it.
+	Inventory *inventory.Inventory
+	// MIG creates and destroys partitions; needed when the inventory has
+	// partitions.
+	MIG        Partitioner
 	CDI        *cdi.Store
 	Checkpoint *checkpoint.Store
 	DevNodes   *devnodes.Resolver
@@ -55,10 +65,17 @@ type Config struct {
 	BootID string
 }
 
+// Partitioner creates and destroys MIG partitions (mig.Manager).
+type Partitioner interface {
+	Create(gpuUUID string, switchable bool, profileID int, pl mig.Placement) (mig.Instance, error)
+	Destroy(gpuUUID string, switchable bool, profileID int, pl mig.Placement) error
+	ExitMIG(gpuUUID string) error
+	Instances(gpuUUID string) ([]mig.Instance, error)
+}
+
 // Manager prepares and unprepares claims.
 type Manager struct {
-	cfg  Config
-	gpus map[string]discovery.GPU
+	cfg Config
 
 	claimLocks keyedMutex
 
@@ -70,10 +87,7 @@ type Manager struct {
 // New loads the checkpoint and brings the node to a consistent state: see
 // Recover.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
-	m := &Manager{cfg: cfg, gpus: map[string]discovery.GPU{}, owners: map[string]types.UID{}}
-	for _, g := range cfg.GPUs {
-		m.gpus[g.Name()] = g
-	}
+	m := &Manager{cfg: cfg, owners: map[string]types.UID{}}
 	if err := m.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -117,9 +131,15 @@ func (m *Manager) recover(ctx context.Context) error {
 		if err := m.cfg.CDI.Remove(uid); err != nil {
 			return err
 		}
+		if err := m.destroyPartitions(c.Devices); err != nil {
+			return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		}
 		delete(data.Claims, uid)
 	}
 	if err := m.removeOrphanSpecs(ctx, data); err != nil {
+		return err
+	}
+	if err := m.destroyOrphanPartitions(ctx, data); err != nil {
 		return err
 	}
 	for uid, c := range data.Claims {
@@ -144,11 +164,16 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 	for _, s := range specs {
 		c := checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted}
 		for _, d := range s.Devices {
-			c.Devices = append(c.Devices, checkpoint.Device{
+			dev := checkpoint.Device{
 				Pool:         m.cfg.PoolName,
 				Device:       d.Name,
 				CDIDeviceIDs: []string{cdi.DeviceID(s.ClaimUID, d.Name)},
-			})
+			}
+			// Keep the partition's record, or it would be taken for an orphan.
+			if inv, ok := m.cfg.Inventory.Lookup(d.Name); ok {
+				dev.MIG = migRecord(inv)
+			}
+			c.Devices = append(c.Devices, dev)
 		}
 		data.Claims[s.ClaimUID] = c
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tessera-dev/tessera/deviceclass"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/simulate"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
@@ -20,8 +21,13 @@ import (
 const node = "node-a"
 
 // published returns the slices a fake node publishes, as the API server
-// would hold them.
+// would hold them, with whole GPUs only.
 func published(t *testing.T, p fakenode.Profile) []*resourceapi.ResourceSlice {
+	return publishedWith(t, p, false, inventory.Pack)
+}
+
+// publishedWith lays the node out with or without dynamic MIG, in an order.
+func publishedWith(t *testing.T, p fakenode.Profile, dynamicMIG bool, order inventory.Order) []*resourceapi.ResourceSlice {
 	t.Helper()
 	n, err := fakenode.FromProfile(p, fakenode.Options{Dir: t.TempDir(), NodeName: node})
 	if err != nil {
@@ -31,7 +37,7 @@ func published(t *testing.T, p fakenode.Profile) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := slices.Build(node, gpus)
+	res, err := slices.Build(node, inventory.Build(gpus, inventory.Options{DynamicMIG: dynamicMIG, Order: order}), slices.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/inventory"
 )
 
 // DriverName is the DRA driver name Tessera publishes under.
@@ -51,6 +52,8 @@ const (
 	// consumes counters or uses list attributes.
 	MaxDevicesPerSliceWithCounters = 64
 	MaxAttributesAndCapacities     = 32
+	MaxCounterSetsPerSlice         = 8
+	MaxCountersPerSet              = 32
 )
 
 // GPUDevice is the published form of one whole GPU.
@@ -92,21 +95,44 @@ func GPUDevice(g discovery.GPU) resourceapi.Device {
 	}
 }
 
-// Build lays out a node's devices as one pool named after the node.
-func Build(nodeName string, gpus []discovery.GPU) (resourceslice.DriverResources, error) {
-	gpus = append([]discovery.GPU(nil), gpus...)
-	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
-	devices := make([]resourceapi.Device, 0, len(gpus))
-	for _, g := range gpus {
-		d := GPUDevice(g)
-		if n := len(d.Attributes) + len(d.Capacity); n > MaxAttributesAndCapacities {
-			return resourceslice.DriverResources{}, fmt.Errorf("device %s has %d attributes and capacities, the API allows %d", d.Name, n, MaxAttributesAndCapacities)
+// Options adjust what Build publishes.
+type Options struct {
+	// Taints by GPU name (gpu-<index>); a GPU's MIG devices inherit them.
+	Taints map[string][]resourceapi.DeviceTaint
+}
+
+// Build lays out a node's devices as one pool named after the node: devices
+// in the inventory's order, then the GPUs' counter sets in their own slices.
+func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourceslice.DriverResources, error) {
+	devices := make([]resourceapi.Device, 0, len(inv.Devices))
+	for _, d := range inv.Devices {
+		var dev resourceapi.Device
+		if d.Kind == inventory.Whole {
+			dev = GPUDevice(d.GPU)
+			dev.Name = d.Name
+		} else {
+			dev = MIGDevice(d)
 		}
-		devices = append(devices, d)
+		if d.Counters != "" {
+			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d)}}
+		}
+		if t := opts.Taints[d.GPU.Name()]; len(t) > 0 {
+			dev.Taints = t
+		}
+		if n := len(dev.Attributes) + len(dev.Capacity); n > MaxAttributesAndCapacities {
+			return resourceslice.DriverResources{}, fmt.Errorf("device %s has %d attributes and capacities, the API allows %d", dev.Name, n, MaxAttributesAndCapacities)
+		}
+		devices = append(devices, dev)
+	}
+	out := chunk(devices)
+	for sets := counterSets(inv); len(sets) > 0; {
+		n := min(MaxCounterSetsPerSlice, len(sets))
+		out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
+		sets = sets[n:]
 	}
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{
-			nodeName: {Slices: chunk(devices)},
+			nodeName: {Slices: out},
 		},
 	}, nil
 }

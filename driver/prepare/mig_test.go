@@ -1,0 +1,179 @@
+package prepare_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/mig"
+)
+
+const part = "gpu-0-mig-1g10gb-6" // 1g.10gb (profile 0) at placement 6 on gpu-0
+
+func TestPrepareCreatesAndUnprepareDestroysAPartition(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	m := e.start()
+	ctx := context.Background()
+	e.node.ResetCalls()
+	devs, err := m.Prepare(ctx, claim("infer", part))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"gpu-0 SetMigMode(1)", "gpu-0 CreateGpuInstance(profile=0 start=6)", "gpu-0 CreateComputeInstance(gi=0 profile=0)"}
+	if diff := cmp.Diff(want, e.node.Calls()); diff != "" {
+		t.Errorf("NVML calls at prepare (-want +got):\n%s", diff)
+	}
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs...)
+	var nodes []string
+	for _, d := range spec.Linux.Devices {
+		nodes = append(nodes, d.Path)
+	}
+	for _, n := range []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap3", "/dev/nvidia-caps/nvidia-cap4", "/dev/nvidiactl"} {
+		if !slices.Contains(nodes, n) {
+			t.Errorf("container lacks %s: %v", n, nodes)
+		}
+	}
+	if env := strings.Join(spec.Process.Env, " "); !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=MIG-") {
+		t.Errorf("env does not name the MIG device: %s", env)
+	}
+	if n := e.node.GPUInstances(0); n != 1 {
+		t.Fatalf("%d GPU instances after prepare", n)
+	}
+	e.node.ResetCalls()
+	if err := m.Unprepare(ctx, "uid-infer"); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"gpu-0 DestroyComputeInstance(gi=0 ci=0)", "gpu-0 DestroyGpuInstance(profile=0 start=6)", "gpu-0 SetMigMode(0)"}
+	if diff := cmp.Diff(want, e.node.Calls()); diff != "" {
+		t.Errorf("NVML calls at unprepare (-want +got):\n%s", diff)
+	}
+	if n := e.node.GPUInstances(0); n != 0 {
+		t.Errorf("%d GPU instances after unprepare", n)
+	}
+	// The whole GPU is usable again.
+	if _, err := m.Prepare(ctx, claim("whole", "gpu-0")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPartitionsOfOneGPUPrepareSideBySide(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	m := e.start()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i, dev := range []string{"gpu-1-mig-1g10gb-0", "gpu-1-mig-1g10gb-1", "gpu-1-mig-2g20gb-2", "gpu-1-mig-3g40gb-4"} {
+		wg.Go(func() { _, errs[i] = m.Prepare(context.Background(), claim(dev, dev)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("partition %d: %v", i, err)
+		}
+	}
+	if n := e.node.GPUInstances(1); n != 4 {
+		t.Errorf("%d GPU instances, want 4", n)
+	}
+}
+
+func TestAnInterruptedMIGPrepareIsRolledBack(t *testing.T) {
+	for _, created := range []bool{true, false} {
+		e := newEnv(t, "dgx-h100")
+		if _, err := e.start().Prepare(context.Background(), claim("half", part)); err != nil {
+			t.Fatal(err)
+		}
+		d := load(t, e.dataDir)
+		c := d.Claims["uid-half"]
+		c.Phase = checkpoint.PrepareStarted
+		if !created { // crashed after the started mark, before the partition existed
+			if _, err := e.mig.Create(e.gpus[0].UUID, true, 0, mig.Placement{Start: 6, Size: 1}); err == nil {
+				t.Fatal("placement 6 should be taken")
+			}
+			if err := e.mig.Destroy(e.gpus[0].UUID, true, 0, mig.Placement{Start: 6, Size: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d.Claims["uid-half"] = c
+		save(t, e.dataDir, d)
+		e.start()
+		if n := e.node.GPUInstances(0); n != 0 {
+			t.Errorf("created=%v: %d GPU instances survive the rollback", created, n)
+		}
+	}
+}
+
+func TestOrphanPartitionsAreDestroyedAtStart(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	if _, err := e.start().Prepare(ctx, claim("kept", "gpu-2-mig-1g10gb-6")); err != nil {
+		t.Fatal(err)
+	}
+	// A partition nobody recorded (a lost checkpoint, a crash of an older
+	// version, a hand-made one) on a GPU whose MIG layout Tessera owns.
+	if _, err := e.mig.Create(e.gpus[2].UUID, true, 0, mig.Placement{Start: 0, Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(2); n != 2 {
+		t.Fatalf("%d instances before restart", n)
+	}
+	e.start()
+	insts, err := e.mig.Instances(e.gpus[2].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(insts) != 1 || insts[0].Placement.Start != 6 {
+		t.Errorf("after restart: %+v, want only the claimed partition at 6", insts)
+	}
+}
+
+func TestCorruptCheckpointKeepsClaimedPartitions(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	if _, err := e.start().Prepare(context.Background(), claim("busy", part)); err != nil {
+		t.Fatal(err)
+	}
+	save(t, e.dataDir, checkpoint.Data{}) // placeholder, then corrupt it
+	writeJunk(t, e.dataDir)
+	m := e.start()
+	if n := e.node.GPUInstances(0); n != 1 {
+		t.Fatalf("a partition in use was destroyed after the checkpoint was lost (%d left)", n)
+	}
+	if err := m.Unprepare(context.Background(), "uid-busy"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(0); n != 0 {
+		t.Errorf("%d instances after unprepare of the rebuilt claim", n)
+	}
+}
+
+func TestStaticMIGDevicesAreInjectedNotCreated(t *testing.T) {
+	p, err := fakenode.Lookup("dgx-a100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.MIGInstances = map[int][]fakenode.StaticInstance{3: {{ProfileID: 0, Start: 2}}}
+	e := newEnvFrom(t, p, false)
+	m := e.start()
+	e.node.ResetCalls()
+	devs, err := m.Prepare(context.Background(), claim("static", "gpu-3-mig-1g5gb-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := e.node.Calls(); len(c) != 0 {
+		t.Errorf("static MIG changed the GPU: %v", c)
+	}
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs...)
+	if len(spec.Linux.Devices) < 3 {
+		t.Errorf("devices %v", spec.Linux.Devices)
+	}
+	if err := m.Unprepare(context.Background(), "uid-static"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(3); n != 1 {
+		t.Errorf("unprepare destroyed the operator's instance (%d left)", n)
+	}
+}

@@ -1,0 +1,86 @@
+package prepare
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
+)
+
+// migRecord is what the checkpoint keeps of a device's partition, before
+// the partition exists.
+func migRecord(d inventory.Device) *checkpoint.MIGPartition {
+	if d.Kind != inventory.Partition {
+		return nil
+	}
+	return &checkpoint.MIGPartition{
+		GPUUUID: d.GPU.UUID, ProfileID: d.Profile.ID, Start: d.Placement.Start, Size: d.Placement.Size,
+		Switchable: d.GPU.MIGSwitchable,
+	}
+}
+
+// createPartition makes a device's partition and records its identity.
+func (m *Manager) createPartition(rec *checkpoint.MIGPartition) error {
+	if m.cfg.MIG == nil {
+		return fmt.Errorf("MIG partitions are not managed on this node")
+	}
+	inst, err := m.cfg.MIG.Create(rec.GPUUUID, rec.Switchable, rec.ProfileID, mig.Placement{Start: rec.Start, Size: rec.Size})
+	if err != nil {
+		return err
+	}
+	rec.GPUInstance, rec.ComputeInstance, rec.UUID = inst.GPUInstanceID, inst.ComputeInstanceID, inst.UUID
+	return nil
+}
+
+// destroyPartitions removes the partitions recorded for devices; a partition
+// that does not exist (never created, already gone) is fine.
+func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
+	for _, d := range devs {
+		if d.MIG == nil {
+			continue
+		}
+		if m.cfg.MIG == nil {
+			return fmt.Errorf("device %s has a MIG partition but MIG is not managed on this node", d.Device)
+		}
+		if err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileID, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}); err != nil {
+			return fmt.Errorf("device %s: destroy MIG partition: %w", d.Device, err)
+		}
+	}
+	return nil
+}
+
+// destroyOrphanPartitions removes, on GPUs whose MIG layout Tessera owns,
+// every partition no checkpointed claim holds.
+func (m *Manager) destroyOrphanPartitions(ctx context.Context, data checkpoint.Data) error {
+	if m.cfg.MIG == nil || m.cfg.Inventory == nil {
+		return nil
+	}
+	owned := map[string]bool{}
+	for _, c := range data.Claims {
+		for _, d := range c.Devices {
+			if d.MIG != nil {
+				owned[fmt.Sprintf("%s/%d/%d", d.MIG.GPUUUID, d.MIG.ProfileID, d.MIG.Start)] = true
+			}
+		}
+	}
+	for _, g := range m.cfg.Inventory.CounterSets {
+		insts, err := m.cfg.MIG.Instances(g.UUID)
+		if err != nil {
+			return fmt.Errorf("GPU %s: list MIG instances: %w", g.Name(), err)
+		}
+		for _, in := range insts {
+			if owned[fmt.Sprintf("%s/%d/%d", g.UUID, in.ProfileID, in.Placement.Start)] {
+				continue
+			}
+			klog.FromContext(ctx).Info("Destroying a MIG instance no prepared claim owns", "gpu", g.Name(), "profile", in.Profile, "placement", in.Placement.Start, "uuid", in.UUID)
+			if err := m.cfg.MIG.Destroy(g.UUID, g.MIGSwitchable, in.ProfileID, in.Placement); err != nil {
+				return fmt.Errorf("GPU %s: destroy orphan MIG instance %s at %d: %w", g.Name(), in.Profile, in.Placement.Start, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package slices
+
+import (
+	"fmt"
+	"sort"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
+)
+
+// MIG device attribute and capacity names.
+const (
+	TypeMIG            = "mig"
+	AttrProfile        = "profile"
+	AttrParentUUID     = "parentUUID"
+	AttrParentIndex    = "parentIndex"
+	AttrPlacementStart = "placementStart"
+	AttrPlacementSize  = "placementSize"
+	CapMultiprocessors = "multiprocessors"
+	CapCopyEngines     = "copyEngines"
+	CapDecoders        = "decoders"
+	CapEncoders        = "encoders"
+	CapJPEGEngines     = "jpegEngines"
+	CapOFAEngines      = "ofaEngines"
+	counterMultiprocs  = "multiprocessors"
+	counterCopyEngines = "copy-engines"
+	counterDecoders    = "decoders"
+	counterEncoders    = "encoders"
+	counterJPEGEngines = "jpeg-engines"
+	counterOFAEngines  = "ofa-engines"
+	counterMemorySlice = "memory-slice-%d"
+)
+
+// MIGDevice is the published form of a MIG partition or static MIG device:
+// its parent's identity and topology, its profile and placement, and what it
+// holds as capacities.
+func MIGDevice(d inventory.Device) resourceapi.Device {
+	g, p := d.GPU, d.Profile
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:                  str(TypeMIG),
+		AttrProfile:               str(p.Name),
+		AttrParentUUID:            str(g.UUID),
+		AttrParentIndex:           integer(int64(g.Index)),
+		AttrPlacementStart:        integer(int64(d.Placement.Start)),
+		AttrPlacementSize:         integer(int64(d.Placement.Size)),
+		AttrProductName:           str(g.ProductName),
+		AttrBrand:                 str(g.Brand),
+		AttrArchitecture:          str(g.Architecture),
+		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
+		AttrDriverVersion:         version(g.DriverVersion),
+		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
+		AttrNVLinkDomain:          str(g.NVLinkDomain),
+		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
+	}
+	if d.Instance != nil && d.Instance.UUID != "" {
+		attrs[AttrUUID] = str(d.Instance.UUID)
+	}
+	if g.PCIeRoot != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
+	}
+	if g.NUMANode != nil {
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(*g.NUMANode))
+	}
+	if g.NVLinkClique != "" {
+		attrs[AttrNVLinkClique] = str(g.NVLinkClique)
+	}
+	q := func(n int) resourceapi.DeviceCapacity {
+		return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+	}
+	return resourceapi.Device{
+		Name:       d.Name,
+		Attributes: attrs,
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapMemory:          {Value: *resource.NewQuantity(p.MemoryBytes, resource.BinarySI)},
+			CapMultiprocessors: q(p.Multiprocessors),
+			CapCopyEngines:     q(p.CopyEngines),
+			CapDecoders:        q(p.Decoders),
+			CapEncoders:        q(p.Encoders),
+			CapJPEGEngines:     q(p.JPEGs),
+			CapOFAEngines:      q(p.OFAs),
+		},
+	}
+}
+
+// engines are a profile's engine counts by counter name.
+func engines(p mig.Profile) map[string]int {
+	return map[string]int{
+		counterMultiprocs: p.Multiprocessors, counterCopyEngines: p.CopyEngines, counterDecoders: p.Decoders,
+		counterEncoders: p.Encoders, counterJPEGEngines: p.JPEGs, counterOFAEngines: p.OFAs,
+	}
+}
+
+// consumption is what a device takes from its GPU's counter set: the memory
+// slices it occupies (all of them for the whole GPU) and, for partitions,
+// its engines.
+func consumption(d inventory.Device) map[string]resourceapi.Counter {
+	out := map[string]resourceapi.Counter{}
+	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	if d.Kind == inventory.Whole {
+		for i := 0; i < d.GPU.MIG.MemorySlices; i++ {
+			out[fmt.Sprintf(counterMemorySlice, i)] = one
+		}
+		return out
+	}
+	for i := d.Placement.Start; i < d.Placement.Start+d.Placement.Size; i++ {
+		out[fmt.Sprintf(counterMemorySlice, i)] = one
+	}
+	for name, n := range engines(d.Profile) {
+		if n > 0 {
+			out[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+		}
+	}
+	return out
+}
+
+// counterSets are the GPUs' shared counters: one per memory slice, and per
+// engine the most any valid combination of partitions can use (a profile's
+// count times how many of it fit side by side), so the scheduler refuses
+// exactly the combinations NVML would.
+func counterSets(inv *inventory.Inventory) []resourceapi.CounterSet {
+	var out []resourceapi.CounterSet
+	for _, g := range inv.CounterSets {
+		counters := map[string]resourceapi.Counter{}
+		for i := 0; i < g.MIG.MemorySlices; i++ {
+			counters[fmt.Sprintf(counterMemorySlice, i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+		}
+		totals := map[string]int{}
+		for _, p := range g.MIG.Profiles {
+			side := sideBySide(p)
+			for name, n := range engines(p) {
+				totals[name] = max(totals[name], n*side)
+			}
+		}
+		for name, n := range totals {
+			if n > 0 {
+				counters[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+			}
+		}
+		out = append(out, resourceapi.CounterSet{Name: inventory.CounterSetName(g), Counters: counters})
+	}
+	return out
+}
+
+// sideBySide is how many instances of a profile fit on a GPU at once: its
+// non-overlapping placements, capped by the profile's instance count.
+func sideBySide(p mig.Profile) int {
+	end, n := -1, 0
+	pls := append([]mig.Placement(nil), p.Placements...)
+	sort.Slice(pls, func(i, j int) bool { return pls[i].Start+pls[i].Size < pls[j].Start+pls[j].Size })
+	for _, pl := range pls {
+		if pl.Start >= end {
+			n++
+			end = pl.Start + pl.Size
+		}
+	}
+	if p.MaxInstances > 0 {
+		n = min(n, p.MaxInstances)
+	}
+	return n
+}
