@@ -24,6 +24,9 @@ type Library interface {
 	DeviceGetCount() (int, nvml.Return)
 	DeviceGetHandleByIndex(index int) (nvml.Device, nvml.Return)
 	DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return)
+	// EventSetCreate opens a set that devices register their events (XIDs,
+	// ECC errors) in; health monitoring waits on it.
+	EventSetCreate() (nvml.EventSet, nvml.Return)
 }
 
 // Node is what Tessera reads on a GPU node: NVML plus the host paths the
@@ -119,4 +122,11 @@ func (e returnError) Error() string {
 func IsNotSupported(err error) bool {
 	var re returnError
 	return errors.As(err, &re) && nvml.Return(re) == nvml.ERROR_NOT_SUPPORTED
+}
+
+// IsGPULost says whether err is NVML's "GPU is lost": the GPU fell off the
+// bus and answers nothing until it is reset or the node reboots.
+func IsGPULost(err error) bool {
+	var re returnError
+	return errors.As(err, &re) && nvml.Return(re) == nvml.ERROR_GPU_IS_LOST
 }

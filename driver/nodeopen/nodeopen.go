@@ -24,6 +24,9 @@ type Options struct {
 	FakeRoot string
 	// FakeClique overrides a fake node's NVLink clique (<clusterUUID>.<id>).
 	FakeClique string
+	// Opened is a node the caller opened itself (a test that keeps driving
+	// its fake node); Open returns it as is. Not a flag.
+	Opened *gpulib.Node
 }
 
 // AddFlags registers the options, with environment fallbacks for DaemonSets.
@@ -54,6 +57,9 @@ func (o *Options) Validate() error {
 // Open returns the node the options name. Real NVML is used unless a fake
 // node was asked for; a missing library is an error, never a silent fake.
 func (o *Options) Open() (*gpulib.Node, error) {
+	if o.Opened != nil {
+		return o.Opened, nil
+	}
 	if o.FakeNode == "" {
 		return gpulib.OpenReal(o.DriverRoot)
 	}

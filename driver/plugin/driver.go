@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
@@ -20,6 +21,10 @@ type Driver struct {
 	claims *prepare.Manager
 	// fatal cancels the plugin when a background error cannot be retried.
 	fatal context.CancelCauseFunc
+	// health is nil when the DeviceHealth gate is off.
+	health *health.Monitor
+	// pool names the node's pool in health reports.
+	pool string
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -53,8 +58,12 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	}
 }
 
-// WatchHealthStatus is not implemented yet: device health arrives with the
-// health work.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+// WatchHealthStatus streams every device's health to the kubelet: the full
+// state at once, again on every change, and at least every resend interval
+// so that the kubelet's lease never runs out (health.go).
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	if d.health == nil {
+		return kubeletplugin.ErrHealthNotSupported
+	}
+	return streamHealth(ctx, d.health, d.pool, reports)
 }

@@ -6,7 +6,10 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
 
+	"github.com/tessera-dev/tessera/driver/features"
+	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
@@ -27,6 +30,12 @@ type Options struct {
 	// PodUID enables the kubelet's rolling-update mode (two plugin pods
 	// serving side by side during a DaemonSet update).
 	PodUID string
+
+	// Health tunes device health monitoring (feature gate DeviceHealth).
+	Health health.Options
+	// FeatureGates are Tessera's gates (package features); nil means all at
+	// their defaults.
+	FeatureGates featuregate.MutableFeatureGate
 }
 
 // AddFlags registers the options.
@@ -39,6 +48,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket and checkpoint. Environment: PLUGIN_DATA_DIR.")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
 	fs.StringVar(&o.BootIDFile, "boot-id-file", env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
+	o.Health.AddFlags(fs)
+	if o.FeatureGates == nil {
+		o.FeatureGates = features.New()
+	}
+	o.FeatureGates.AddFlag(fs)
 	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables seamless rolling updates. Environment: POD_UID.")
 }
 
@@ -55,7 +69,7 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
-	return nil
+	return o.Health.Validate()
 }
 
 func env(key, def string) string {
@@ -63,4 +77,12 @@ func env(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// gates returns the feature gates, defaults when none were set.
+func (o *Options) gates() featuregate.FeatureGate {
+	if o.FeatureGates == nil {
+		return features.New()
+	}
+	return o.FeatureGates
 }

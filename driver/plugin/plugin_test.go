@@ -14,7 +14,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-dev/tessera/driver/nodeopen"
@@ -71,6 +73,17 @@ func start(t *testing.T, profile string) *harness {
 	if err := os.MkdirAll(h.opts.RegistrarDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
+	// The fake clientset does not implement generateName; the slice
+	// controller relies on it for every slice after the first.
+	var seq int
+	h.client.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		obj := action.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
+		if obj.Name == "" && obj.GenerateName != "" {
+			seq++
+			obj.Name = fmt.Sprintf("%s%05d", obj.GenerateName, seq)
+		}
+		return false, nil, nil
+	})
 	if err := h.opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -143,21 +156,32 @@ func TestPluginRegistersAndPublishes(t *testing.T) {
 	if h.kubelet.Info.Name != driverName {
 		t.Errorf("registered as %q", h.kubelet.Info.Name)
 	}
-	var slices *resourceapi.ResourceSliceList
+	// Dynamic MIG (on by default): 8 whole GPUs and their partitions in
+	// slices of at most 64 devices, plus one slice of counter sets.
+	var devices, counterSets, slices int
+	var want int64
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		var err error
-		slices, err = h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
+		list, err := h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(slices.Items) > 0 {
+		devices, counterSets, slices = 0, 0, len(list.Items)
+		for _, s := range list.Items {
+			want = s.Spec.Pool.ResourceSliceCount
+			if *s.Spec.NodeName != nodeName {
+				t.Fatalf("slice %s for node %s", s.Name, *s.Spec.NodeName)
+			}
+			devices += len(s.Spec.Devices)
+			counterSets += len(s.Spec.SharedCounters)
+		}
+		if slices > 0 && int64(slices) == want {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(slices.Items) != 1 || len(slices.Items[0].Spec.Devices) != 8 || *slices.Items[0].Spec.NodeName != nodeName {
-		t.Fatalf("published %+v", slices.Items)
+	if int64(slices) != want || counterSets != 8 || devices <= 8 {
+		t.Fatalf("published %d of %d slices with %d devices and %d counter sets", slices, want, devices, counterSets)
 	}
 }
 

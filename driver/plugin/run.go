@@ -3,7 +3,11 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -15,6 +19,10 @@ import (
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/features"
+	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/prepare"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
@@ -24,6 +32,11 @@ type Plugin struct {
 	helper *kubeletplugin.Helper
 	driver *Driver
 	ctx    context.Context
+	// stopHealth ends the health monitor and the republishing; background
+	// waits for both.
+	stopHealth context.CancelFunc
+	background sync.WaitGroup
+	metrics    *prometheus.Registry
 }
 
 // Start discovers the node, recovers prepared state, registers with the
@@ -40,9 +53,21 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, fmt.Errorf("discover GPUs: %w", err)
 	}
 	logger.Info("Discovered GPUs", "count", len(gpus), "profile", node.Profile, "driverRoot", node.DriverRoot)
-	resources, err := slices.Build(o.Node.NodeName, gpus)
-	if err != nil {
+	gates := o.gates()
+	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
+	if _, err := slices.Build(o.Node.NodeName, inv, slices.Options{}); err != nil {
 		return nil, err
+	}
+	metrics := prometheus.NewRegistry()
+	var monitor *health.Monitor
+	if gates.Enabled(features.DeviceHealth) {
+		hopts := o.Health
+		if hopts.Metrics, err = health.NewMetrics(metrics); err != nil {
+			return nil, err
+		}
+		if monitor, err = health.New(node.NVML, gpus, hopts); err != nil {
+			return nil, err
+		}
 	}
 	cdiStore, err := cdi.NewStore(o.CDIRoot)
 	if err != nil {
@@ -65,14 +90,14 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	mgr, err := prepare.New(ctx, prepare.Config{
-		DriverName: slices.DriverName, PoolName: o.Node.NodeName, GPUs: gpus,
+		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{claims: mgr, fatal: cancel}
+	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(slices.DriverName),
 		kubeletplugin.NodeName(o.Node.NodeName),
@@ -91,15 +116,51 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics}
+	healthCtx, stopHealth := context.WithCancel(ctx)
+	p.stopHealth = stopHealth
+	if monitor != nil {
+		// Probes every GPU before the first publish: a GPU lost while the
+		// plugin was down is tainted in it.
+		monitor.Start(healthCtx)
+	}
 	// Publishing waits for the API server; registration with the kubelet and
 	// unprepares of recorded claims must not, so it runs in the background.
+	p.background.Add(1)
 	go func() {
-		if err := helper.PublishResources(ctx, resources); err != nil && ctx.Err() == nil {
-			d.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
-		}
+		defer p.background.Done()
+		p.publish(healthCtx, o.Node.NodeName, inv, monitor)
 	}()
-	logger.Info("Kubelet plugin started", "node", o.Node.NodeName, "devices", len(gpus), "registrarDir", o.RegistrarDir, "pluginDataDir", o.PluginDataDir)
-	return &Plugin{helper: helper, driver: d, ctx: ctx}, nil
+	logger.Info("Kubelet plugin started", "node", o.Node.NodeName, "devices", len(gpus), "deviceHealth", monitor != nil, "registrarDir", o.RegistrarDir, "pluginDataDir", o.PluginDataDir)
+	return p, nil
+}
+
+// publish publishes the node's devices, and again with the new taints each
+// time a device's health changes, until ctx ends.
+func (p *Plugin) publish(ctx context.Context, nodeName string, inv *inventory.Inventory, monitor *health.Monitor) {
+	publish := func(taints map[string][]resourceapi.DeviceTaint) {
+		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
+		if err == nil {
+			err = p.helper.PublishResources(ctx, res)
+		}
+		if err != nil && ctx.Err() == nil {
+			p.driver.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
+		}
+	}
+	if monitor == nil {
+		publish(nil)
+		return
+	}
+	changes, unsubscribe := monitor.Subscribe()
+	defer unsubscribe()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-changes:
+			publish(s.Taints())
+		}
+	}
 }
 
 // Done is closed when the plugin stops on its own (an unrecoverable error)
@@ -109,8 +170,25 @@ func (p *Plugin) Done() <-chan struct{} { return p.ctx.Done() }
 // Err is why the plugin stopped.
 func (p *Plugin) Err() error { return context.Cause(p.ctx) }
 
-// Stop unregisters from the kubelet and closes the sockets.
-func (p *Plugin) Stop() { p.helper.Stop() }
+// Stop unregisters from the kubelet, closes the sockets and stops watching
+// device health.
+func (p *Plugin) Stop() {
+	p.stopHealth()
+	p.background.Wait()
+	if p.driver.health != nil {
+		<-p.driver.health.Done()
+	}
+	p.helper.Stop()
+}
+
+// Driver is the DRA interface the kubelet calls, for tests.
+func (p *Plugin) Driver() *Driver { return p.driver }
+
+// Health is the device health monitor; nil when DeviceHealth is off.
+func (p *Plugin) Health() *health.Monitor { return p.driver.health }
+
+// Metrics is the registry holding the plugin's Prometheus metrics.
+func (p *Plugin) Metrics() *prometheus.Registry { return p.metrics }
 
 // Manager exposes the claim state, for tests and diagnostics.
 func (p *Plugin) Manager() *prepare.Manager { return p.driver.claims }
