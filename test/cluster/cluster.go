@@ -1,0 +1,237 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// Options say where a cluster lives and which nodes it has.
+type Options struct {
+	// Dir holds everything the cluster writes: certificates, kubeconfigs,
+	// etcd data, logs (Dir/logs) and one directory per node. It is created
+	// if missing and not removed by Stop. Keep it short (for example from
+	// os.MkdirTemp("", "tessera-")): unix socket paths below it must stay
+	// under 108 bytes.
+	Dir string
+	// Nodes are the simulated nodes, each a kubelet with a fake runtime.
+	Nodes []NodeSpec
+}
+
+// Cluster is a running local cluster. Stop it when done.
+type Cluster struct {
+	dir    string
+	logger klog.Logger
+	bins   Binaries
+	ca     *certAuthority
+
+	server          string // https://127.0.0.1:<port>
+	adminKubeconfig string
+	restConfig      *rest.Config
+	client          kubernetes.Interface
+
+	components []*process // control plane, in start order
+	nodes      []*Node
+	stopOnce   sync.Once
+}
+
+// Start brings up etcd, the control plane and every node, and returns once
+// all nodes are Ready and the default service account exists. On error
+// everything already started is stopped again.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	start := time.Now()
+	if err := CheckPrerequisites(); err != nil {
+		return nil, fmt.Errorf("this machine cannot run a local cluster:\n%w", err)
+	}
+	if err := validate(&opts); err != nil {
+		return nil, err
+	}
+	bins, err := FindBinaries()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: opts.Dir, logger: klog.FromContext(ctx), bins: bins}
+	register(c)
+	if err := c.start(ctx, opts); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("start cluster in %s: %w", opts.Dir, err)
+	}
+	c.logger.Info("Cluster started", "dir", c.dir, "server", c.server, "nodes", len(c.nodes), "duration", time.Since(start).Round(time.Millisecond))
+	return c, nil
+}
+
+func validate(opts *Options) error {
+	if opts.Dir == "" {
+		return errors.New("cluster.Options.Dir is required")
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return fmt.Errorf("resolve cluster dir %s: %w", opts.Dir, err)
+	}
+	opts.Dir = dir
+	for _, hidden := range []string{"/var/lib", "/var/log"} {
+		if dir == hidden || strings.HasPrefix(dir, hidden+"/") {
+			return fmt.Errorf("cluster dir %s is under %s, which each kubelet's mount namespace replaces; use another dir", dir, hidden)
+		}
+	}
+	seen := map[string]bool{}
+	for _, n := range opts.Nodes {
+		if n.Name == "" || seen[n.Name] {
+			return fmt.Errorf("node names must be unique and non-empty, got %q", n.Name)
+		}
+		seen[n.Name] = true
+		// The longest socket a DRA plugin creates below the kubelet root.
+		sock := filepath.Join(nodeDir(dir, n.Name), "kubelet", "plugins_registry", "gpu.tessera.dev-reg.sock")
+		if len(sock) >= 108 {
+			return fmt.Errorf("cluster dir %s is too long: socket path %s exceeds the 107-byte unix socket limit; use a shorter dir", dir, sock)
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) start(ctx context.Context, opts Options) error {
+	for _, d := range []string{c.pkiDir(), c.logDir(), filepath.Join(c.dir, "kubeconfigs")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	if err := c.startControlPlane(ctx); err != nil {
+		return err
+	}
+	for _, spec := range opts.Nodes {
+		n, err := c.newNode(ctx, spec)
+		if err != nil {
+			return err
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	// Kubelets start in parallel: each spends its first second on CPU.
+	errs := make([]error, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() { errs[i] = n.start(ctx, true) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return c.waitForServiceAccount(ctx, metav1.NamespaceDefault)
+}
+
+// Stop stops every node and component (by process group) and unmounts
+// anything left mounted below Dir. It is safe to call more than once. Dir
+// itself is left for the caller to remove.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		for _, n := range c.nodes {
+			n.stop()
+		}
+		for i := len(c.components) - 1; i >= 0; i-- {
+			c.components[i].stop(5 * time.Second)
+		}
+		if err := unmountBelow(c.dir); err != nil {
+			c.logger.Error(err, "Unmount below cluster dir failed", "dir", c.dir)
+		}
+		unregister(c)
+		c.logger.V(2).Info("Cluster stopped", "dir", c.dir)
+	})
+}
+
+// AdminKubeconfig is the path of a kubeconfig with cluster-admin rights.
+func (c *Cluster) AdminKubeconfig() string { return c.adminKubeconfig }
+
+// RESTConfig returns a copy of the admin client configuration.
+func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.restConfig) }
+
+// Client is an admin client.
+func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// Dir is the directory the cluster lives in.
+func (c *Cluster) Dir() string { return c.dir }
+
+// Nodes returns the cluster's nodes in the order of Options.Nodes.
+func (c *Cluster) Nodes() []*Node { return append([]*Node(nil), c.nodes...) }
+
+// Node returns the node with that name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// CreateNamespace creates a namespace and waits until its default service
+// account exists, so that pods can be created in it at once.
+func (c *Cluster) CreateNamespace(ctx context.Context, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", name, err)
+	}
+	return c.waitForServiceAccount(ctx, name)
+}
+
+func (c *Cluster) waitForServiceAccount(ctx context.Context, namespace string) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("service account %s/default was not created (is the serviceaccount controller running? see %s): %w",
+			namespace, c.logPath("kube-controller-manager"), err)
+	}
+	return nil
+}
+
+// LogTails returns the last lines of every component's log, for printing
+// when a test fails.
+func (c *Cluster) LogTails(lines int) string {
+	paths, _ := filepath.Glob(filepath.Join(c.logDir(), "*.log"))
+	sort.Strings(paths)
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "==== last %d lines of %s\n%s\n", lines, p, tail(p, lines))
+	}
+	return b.String()
+}
+
+func (c *Cluster) pkiDir() string             { return filepath.Join(c.dir, "pki") }
+func (c *Cluster) logDir() string             { return filepath.Join(c.dir, "logs") }
+func (c *Cluster) logPath(name string) string { return filepath.Join(c.logDir(), name+".log") }
+func nodeDir(clusterDir, name string) string  { return filepath.Join(clusterDir, "nodes", name) }
+func (c *Cluster) kubeconfigPath(name string) string {
+	return filepath.Join(c.dir, "kubeconfigs", name+".kubeconfig")
+}
+
+// loadClient builds the admin client from the admin kubeconfig.
+func (c *Cluster) loadClient() error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.adminKubeconfig)
+	if err != nil {
+		return fmt.Errorf("load admin kubeconfig %s: %w", c.adminKubeconfig, err)
+	}
+	// Tests create objects in bursts; the default limits (5 qps, burst 10)
+	// would make them wait.
+	cfg.QPS, cfg.Burst = 100, 200
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("create admin client: %w", err)
+	}
+	c.restConfig, c.client = cfg, client
+	return nil
+}

@@ -1,0 +1,207 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// controllers are the kube-controller-manager controllers a cluster runs:
+// what DRA, pods and service accounts need, and node lifecycle so that a node
+// loses its not-ready taint.
+var controllers = []string{
+	"serviceaccount-token-controller",
+	"serviceaccount-controller",
+	"root-ca-certificate-publisher-controller",
+	"namespace-controller",
+	"garbage-collector-controller",
+	"node-lifecycle-controller",
+	"taint-eviction-controller",
+	"pod-garbage-collector-controller",
+	"resourceclaim-controller",
+	"device-taint-eviction-controller",
+	"replicaset-controller",
+	"deployment-controller",
+	"daemonset-controller",
+	"job-controller",
+	"statefulset-controller",
+	"clusterrole-aggregation-controller",
+}
+
+func (c *Cluster) startControlPlane(ctx context.Context) error {
+	ca, err := newCertAuthority(c.pkiDir())
+	if err != nil {
+		return err
+	}
+	c.ca = ca
+	saKey, saPub, err := writeServiceAccountKeys(c.pkiDir())
+	if err != nil {
+		return err
+	}
+	ports, err := freePorts(5)
+	if err != nil {
+		return err
+	}
+	etcdClient, etcdPeer, apiPort, schedPort, cmPort := ports[0], ports[1], ports[2], ports[3], ports[4]
+
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
+	etcd, err := c.startComponent(ctx, "etcd", []string{c.bins.Etcd,
+		"--name=default",
+		"--data-dir=" + filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls=" + etcdURL, "--advertise-client-urls=" + etcdURL,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=default=" + peerURL,
+		"--unsafe-no-fsync", "--log-level=warn",
+	})
+	if err != nil {
+		return err
+	}
+	if err := etcd.waitFor(ctx, "health", 30*time.Second, httpCheck(etcdURL+"/health")); err != nil {
+		return err
+	}
+
+	// Certificates and kubeconfigs for the apiserver and its clients.
+	serving, err := ca.issue(c.pkiDir(), "apiserver", "kube-apiserver", nil,
+		[]string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "10.0.0.1"})
+	if err != nil {
+		return err
+	}
+	c.server = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	clients := []struct{ name, user, group string }{
+		{"admin", "tessera-admin", "system:masters"},
+		{"kube-scheduler", "system:kube-scheduler", ""},
+		{"kube-controller-manager", "system:kube-controller-manager", ""},
+	}
+	for _, cl := range clients {
+		var groups []string
+		if cl.group != "" {
+			groups = []string{cl.group}
+		}
+		kp, err := ca.issue(c.pkiDir(), cl.name+"-client", cl.user, groups, nil)
+		if err != nil {
+			return err
+		}
+		if err := writeKubeconfig(c.kubeconfigPath(cl.name), c.server, ca.certPEM, cl.user,
+			credentials{certPEM: kp.CertPEM, keyPEM: kp.KeyPEM}); err != nil {
+			return err
+		}
+	}
+	c.adminKubeconfig = c.kubeconfigPath("admin")
+	if err := c.loadClient(); err != nil {
+		return err
+	}
+
+	apiserver, err := c.startComponent(ctx, "kube-apiserver", []string{c.bins.APIServer,
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort),
+		"--tls-cert-file=" + serving.CertFile, "--tls-private-key-file=" + serving.KeyFile,
+		"--client-ca-file=" + caFile(c.pkiDir()),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--runtime-config=resource.k8s.io/v1=true",
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	if err := apiserver.waitFor(ctx, "readyz", 60*time.Second, func(ctx context.Context) error {
+		_, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+
+	scheduler, err := c.startComponent(ctx, "kube-scheduler", []string{c.bins.Scheduler,
+		"--kubeconfig=" + c.kubeconfigPath("kube-scheduler"),
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", schedPort),
+		"--cert-dir=" + filepath.Join(c.dir, "kube-scheduler"),
+		"--v=2",
+	})
+	if err != nil {
+		return err
+	}
+	cm, err := c.startComponent(ctx, "kube-controller-manager", []string{c.bins.ControllerManager,
+		"--kubeconfig=" + c.kubeconfigPath("kube-controller-manager"),
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort),
+		"--cert-dir=" + filepath.Join(c.dir, "kube-controller-manager"),
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file=" + saKey,
+		"--root-ca-file=" + caFile(c.pkiDir()),
+		"--controllers=" + strings.Join(controllers, ","),
+		"--v=2",
+	})
+	if err != nil {
+		return err
+	}
+	if err := scheduler.waitFor(ctx, "healthz", 60*time.Second, httpCheck(fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort))); err != nil {
+		return err
+	}
+	return cm.waitFor(ctx, "healthz", 60*time.Second, httpCheck(fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort)))
+}
+
+func (c *Cluster) startComponent(ctx context.Context, name string, argv []string) (*process, error) {
+	p, err := startProcess(ctx, name, filepath.Join(c.dir, "run", name), c.logPath(name), argv)
+	if err != nil {
+		return nil, err
+	}
+	c.components = append(c.components, p)
+	return p, nil
+}
+
+// httpCheck succeeds when url answers 200. The components' serving
+// certificates are self-signed, and only loopback is dialled.
+func httpCheck(url string) func(context.Context) error {
+	client := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // loopback health check
+	}
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port on 127.0.0.1: %w", err)
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

@@ -1,0 +1,286 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// NodeSpec describes one simulated node.
+type NodeSpec struct {
+	Name   string
+	Labels map[string]string
+}
+
+// Node is a real kubelet in a private mount namespace plus its fake runtime.
+// Its directory (Dir/nodes/<name>) holds the kubelet root dir, the CDI spec
+// dir, the scratch dirs mounted over /var/lib and /var/log inside the
+// namespace, the runtime socket and the kubelet's configuration.
+type Node struct {
+	name        string
+	dir         string
+	cluster     *Cluster
+	runtime     *criRuntime
+	argv        []string
+	healthzPort int
+
+	mu      sync.Mutex
+	kubelet *process
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.name }
+
+// KubeletRootDir is the kubelet's --root-dir.
+func (n *Node) KubeletRootDir() string { return filepath.Join(n.dir, "kubelet") }
+
+// RegistrarDir is where the kubelet looks for plugin registration sockets.
+func (n *Node) RegistrarDir() string { return filepath.Join(n.KubeletRootDir(), "plugins_registry") }
+
+// PluginsDir is where plugins put their own sockets and data.
+func (n *Node) PluginsDir() string { return filepath.Join(n.KubeletRootDir(), "plugins") }
+
+// CDIDir is the node's CDI spec directory: give it to the plugin as
+// --cdi-root; the node's runtime resolves CDI devices from it.
+func (n *Node) CDIDir() string { return filepath.Join(n.dir, "cdi") }
+
+// Containers returns every container the runtime created on this node, with
+// the OCI spec it got after CDI injection, oldest first.
+func (n *Node) Containers() []RecordedContainer { return n.runtime.recorded() }
+
+// KubeletLog is the path of the kubelet's log file.
+func (n *Node) KubeletLog() string { return n.cluster.logPath("kubelet-" + n.name) }
+
+func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
+	n := &Node{name: spec.Name, dir: nodeDir(c.dir, spec.Name), cluster: c}
+	for _, d := range []string{n.KubeletRootDir(), n.RegistrarDir(), n.PluginsDir(), n.CDIDir(),
+		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, fmt.Errorf("node %s: create %s: %w", n.name, d, err)
+		}
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	n.healthzPort = ports[1]
+
+	user := "system:node:" + n.name
+	client, err := c.ca.issue(n.dir, "kubelet-client", user, []string{"system:nodes"}, nil)
+	if err != nil {
+		return nil, err
+	}
+	serving, err := c.ca.issue(n.dir, "kubelet-serving", user, []string{"system:nodes"}, []string{"127.0.0.1", n.name})
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig := filepath.Join(n.dir, "kubelet.kubeconfig")
+	if err := writeKubeconfig(kubeconfig, c.server, c.ca.certPEM, user,
+		credentials{certPEM: client.CertPEM, keyPEM: client.KeyPEM}); err != nil {
+		return nil, err
+	}
+	socket := filepath.Join(n.dir, "cri.sock")
+	config := filepath.Join(n.dir, "kubelet.yaml")
+	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, ports[0], ports[1])); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.name, err)
+	}
+	if n.runtime, err = startRuntime(ctx, socket, n.CDIDir(), filepath.Join(n.dir, "var-log")); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.name, err)
+	}
+
+	sysctlDir := filepath.Join(n.dir, "sysctl")
+	if err := writeSysctlStandIns(sysctlDir); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.name, err)
+	}
+
+	// The kubelet writes to some fixed host paths whatever --root-dir says
+	// (/var/lib/kubelet/device-plugins, /var/lib/kubelet/pki,
+	// /var/log/containers) and sets host-wide sysctls, so it runs in its
+	// own mount namespace with scratch dirs mounted over /var/lib and
+	// /var/log, /proc/sys read-only, and stand-in files over the sysctls
+	// it checks. Mounts made there, including the kubelet's own volume
+	// mounts, vanish with the namespace.
+	n.argv = []string{"unshare", "-m", "--propagation", "private", "sh", "-c", nodeNamespaceScript, "kubelet-ns",
+		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log"), sysctlDir,
+		c.bins.Kubelet,
+		"--config=" + config,
+		"--kubeconfig=" + kubeconfig,
+		"--root-dir=" + n.KubeletRootDir(),
+		"--hostname-override=" + n.name,
+		// The kubelet refuses a loopback node IP for the Node's addresses
+		// and logs so at each status update ("nodeIP can't be loopback
+		// address"); harmless here, where nothing dials a kubelet, and it
+		// keeps every node on loopback.
+		"--node-ip=127.0.0.1",
+		"--v=3",
+	}
+	if len(spec.Labels) > 0 {
+		var labels []string
+		for k, v := range spec.Labels {
+			labels = append(labels, k+"="+v)
+		}
+		sort.Strings(labels)
+		n.argv = append(n.argv, "--node-labels="+strings.Join(labels, ","))
+	}
+	return n, nil
+}
+
+// nodeNamespaceScript prepares a kubelet's mount namespace, then runs the
+// kubelet: $1 goes over /var/lib, $2 over /var/log, each file in $3 (named
+// like vm.overcommit_memory) over the matching /proc/sys entry.
+const nodeNamespaceScript = `set -e
+mount --bind "$1" /var/lib
+mount --bind "$2" /var/log
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+for f in "$3"/*; do mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"; done
+shift 3
+exec "$@"`
+
+// kubeletSysctls are the host-wide kernel settings the kubelet checks at
+// start and, unless protectKernelDefaults is set, changes (kernel.panic=10,
+// vm.overcommit_memory=1, ...). Inside a node's namespace stand-in files
+// with these values cover them, so the kubelet finds them as it wants them
+// and the host keeps its own.
+var kubeletSysctls = map[string]int{
+	"vm.overcommit_memory":      1,
+	"vm.panic_on_oom":           0,
+	"kernel.panic":              10,
+	"kernel.panic_on_oops":      1,
+	"kernel.keys.root_maxkeys":  1000000,
+	"kernel.keys.root_maxbytes": 25000000,
+}
+
+func writeSysctlStandIns(dir string) error {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("create sysctl stand-in dir: %w", err)
+	}
+	for name, value := range kubeletSysctls {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(fmt.Sprintf("%d\n", value)), 0o644); err != nil {
+			return fmt.Errorf("write sysctl stand-in %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// kubeletConfig is the KubeletConfiguration that lets a kubelet run on a
+// shared host next to other kubelets, with a fake runtime and cgroup v1.
+func kubeletConfig(socket, clientCA string, serving *keyPair, port, healthzPort int) map[string]any {
+	return map[string]any{
+		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
+		"kind":                     "KubeletConfiguration",
+		"address":                  "127.0.0.1",
+		"port":                     port,
+		"readOnlyPort":             0,
+		"healthzBindAddress":       "127.0.0.1",
+		"healthzPort":              healthzPort,
+		"tlsCertFile":              serving.CertFile,
+		"tlsPrivateKeyFile":        serving.KeyFile,
+		"containerRuntimeEndpoint": "unix://" + socket,
+		"imageServiceEndpoint":     "unix://" + socket,
+		"failCgroupV1":             false,
+		"cgroupDriver":             "cgroupfs",
+		"cgroupsPerQOS":            false,
+		"enforceNodeAllocatable":   []string{},
+		"failSwapOn":               false,
+		"authentication": map[string]any{
+			"anonymous": map[string]any{"enabled": false},
+			"webhook":   map[string]any{"enabled": false},
+			"x509":      map[string]any{"clientCAFile": clientCA},
+		},
+		"authorization":                 map[string]any{"mode": "AlwaysAllow"},
+		"evictionHard":                  map[string]string{"nodefs.available": "0%", "nodefs.inodesFree": "0%", "imagefs.available": "0%"},
+		"imageGCHighThresholdPercent":   100,
+		"imageGCLowThresholdPercent":    99,
+		"localStorageCapacityIsolation": false,
+		"serializeImagePulls":           false,
+		"resolvConf":                    "",
+		"clusterDomain":                 "cluster.local",
+	}
+}
+
+func writeKubeletConfig(path string, config map[string]any) error {
+	data, err := yaml.Marshal(config)
+	if err != nil {
+		return fmt.Errorf("encode kubelet configuration: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return fmt.Errorf("write kubelet configuration %s: %w", path, err)
+	}
+	return nil
+}
+
+// StartKubelet starts the node's kubelet and waits until it is healthy.
+func (n *Node) StartKubelet(ctx context.Context) error { return n.start(ctx, false) }
+
+// StopKubelet stops the node's kubelet. Its runtime, with the containers it
+// runs, stays up, as a real node's would.
+func (n *Node) StopKubelet() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.kubelet.stop(10 * time.Second)
+	n.kubelet = nil
+}
+
+// RestartKubelet stops and starts the node's kubelet.
+func (n *Node) RestartKubelet(ctx context.Context) error {
+	n.StopKubelet()
+	return n.StartKubelet(ctx)
+}
+
+// start starts the kubelet; with waitReady it also waits for the Node
+// object to be Ready.
+func (n *Node) start(ctx context.Context, waitReady bool) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.kubelet != nil {
+		if done, _ := n.kubelet.exited(); !done {
+			return fmt.Errorf("node %s: kubelet already running", n.name)
+		}
+	}
+	p, err := startProcess(ctx, "kubelet "+n.name, filepath.Join(n.dir, "run"), n.KubeletLog(), n.argv)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", n.name, err)
+	}
+	n.kubelet = p
+	if err := p.waitFor(ctx, "healthz", 60*time.Second, httpCheck(fmt.Sprintf("http://127.0.0.1:%d/healthz", n.healthzPort))); err != nil {
+		return err
+	}
+	if !waitReady {
+		return nil
+	}
+	return p.waitFor(ctx, "node Ready", 60*time.Second, func(ctx context.Context) error {
+		node, err := n.cluster.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		// The node-lifecycle controller removes the not-ready taint a
+		// moment after the kubelet reports Ready; until then nothing
+		// schedules there.
+		for _, taint := range node.Spec.Taints {
+			if strings.HasPrefix(taint.Key, "node.kubernetes.io/") {
+				return fmt.Errorf("node %s still has taint %s", n.name, taint.ToString())
+			}
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s not Ready", n.name)
+	})
+}
+
+func (n *Node) stop() {
+	n.StopKubelet()
+	n.runtime.stop()
+}
