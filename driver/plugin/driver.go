@@ -6,11 +6,14 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -52,6 +55,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // HandleError logs background errors; unrecoverable ones stop the plugin so
 // that the DaemonSet restarts it.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRAPartitionableDevices") {
+		// An API server without partitionable devices strips the MIG
+		// counters: the scheduler could then hand out overlapping partitions.
+		err = fmt.Errorf("%w: the API server does not serve partitionable devices; restart the plugin with --feature-gates=DynamicMIG=false (MIG devices an operator creates are then published instead), or enable DRAPartitionableDevices on the API server", err)
+	}
 	runtime.HandleErrorWithContext(ctx, err, msg)
 	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {
 		d.fatal(err)

@@ -20,6 +20,7 @@ const (
 	AttrParentIndex    = "parentIndex"
 	AttrPlacementStart = "placementStart"
 	AttrPlacementSize  = "placementSize"
+	AttrComputeSlices  = "computeSlices"
 	CapMultiprocessors = "multiprocessors"
 	CapCopyEngines     = "copyEngines"
 	CapDecoders        = "decoders"
@@ -47,6 +48,7 @@ func MIGDevice(d inventory.Device) resourceapi.Device {
 		AttrParentIndex:           integer(int64(g.Index)),
 		AttrPlacementStart:        integer(int64(d.Placement.Start)),
 		AttrPlacementSize:         integer(int64(d.Placement.Size)),
+		AttrComputeSlices:         integer(int64(p.Slices)),
 		AttrProductName:           str(g.ProductName),
 		AttrBrand:                 str(g.Brand),
 		AttrArchitecture:          str(g.Architecture),
