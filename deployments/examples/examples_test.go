@@ -20,11 +20,10 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/tessera-dev/tessera/deviceclass"
-	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/simulate"
-	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
 // objects decodes every YAML file under this directory, strictly.
@@ -67,27 +66,6 @@ func objects(t *testing.T) map[string][]runtime.Object {
 	return out
 }
 
-func nodeSlices(t *testing.T, profile string) []*resourceapi.ResourceSlice {
-	t.Helper()
-	n, err := fakenode.New(profile, fakenode.Options{Dir: t.TempDir(), NodeName: profile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := discovery.Discover(context.Background(), &n.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := slices.Build(profile, inventory.Build(gpus, inventory.Options{DynamicMIG: true}), slices.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*resourceapi.ResourceSlice
-	for _, s := range slices.Objects(profile, res) {
-		out = append(out, &s)
-	}
-	return out
-}
-
 // fits says, per example file, on which simulated nodes its claims must be
 // allocatable; every other profile must refuse them.
 var fits = map[string][]string{
@@ -104,7 +82,7 @@ func TestExamplesDecodeAndPlaceWhereTheySay(t *testing.T) {
 	profiles := fakenode.Profiles()
 	clusters := map[string]*simulate.Cluster{}
 	for _, p := range profiles {
-		clusters[p] = simulate.New(classes, nodeSlices(t, p))
+		clusters[p] = simulate.New(classes, fixtures.Slices(t, fixtures.Profile(t, p), p, inventory.Options{DynamicMIG: true}))
 	}
 	objs := objects(t)
 	if len(objs) == 0 {

@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/prepare"
+	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
 const (
@@ -49,23 +50,12 @@ type env struct {
 
 func newEnv(t *testing.T, profile string) *env {
 	t.Helper()
-	p, err := fakenode.Lookup(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return newEnvFrom(t, p, true)
+	return newEnvFrom(t, fixtures.Profile(t, profile), true)
 }
 
 func newEnvFrom(t *testing.T, p fakenode.Profile, dynamicMIG bool) *env {
 	t.Helper()
-	n, err := fakenode.FromProfile(p, fakenode.Options{Dir: t.TempDir(), NodeName: nodeName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := discovery.Discover(context.Background(), &n.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, gpus := fixtures.Node(t, p, nodeName)
 	return &env{t: t, node: n, gpus: gpus, cdiDir: t.TempDir(), dataDir: t.TempDir(), bootID: "boot-1", dynamicMIG: dynamicMIG, mig: mig.NewManager(n.NVML)}
 }
 

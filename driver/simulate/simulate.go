@@ -78,40 +78,46 @@ func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*reso
 // Commit records allocation results as taken, as the scheduler does once it
 // writes them to claims.
 func (c *Cluster) Commit(results ...resourceapi.AllocationResult) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, r := range results {
-		for _, d := range r.Devices.Results {
-			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
-			if d.ShareID != nil {
-				c.shared.Insert(structured.MakeSharedDeviceID(id, d.ShareID))
-				if d.ConsumedCapacity != nil {
-					c.capacity.Insert(structured.NewDeviceConsumedCapacity(id, d.ConsumedCapacity))
-				}
-				continue
-			}
-			if d.AdminAccess == nil || !*d.AdminAccess {
-				c.allocated.Insert(id)
-			}
-		}
-	}
+	c.update(results, true)
 }
 
 // Release frees allocation results, as deleting their claims would.
 func (c *Cluster) Release(results ...resourceapi.AllocationResult) {
+	c.update(results, false)
+}
+
+// update marks each result's device (or its share and consumed capacity)
+// taken or free. Admin-access results never take a device.
+func (c *Cluster) update(results []resourceapi.AllocationResult, take bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
 			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
-			if d.ShareID != nil {
-				c.shared.Delete(structured.MakeSharedDeviceID(id, d.ShareID))
+			switch {
+			case d.ShareID != nil:
+				share := structured.MakeSharedDeviceID(id, d.ShareID)
+				var consumed structured.DeviceConsumedCapacity
 				if d.ConsumedCapacity != nil {
-					c.capacity.Remove(structured.NewDeviceConsumedCapacity(id, d.ConsumedCapacity))
+					consumed = structured.NewDeviceConsumedCapacity(id, d.ConsumedCapacity)
 				}
-				continue
+				if take {
+					c.shared.Insert(share)
+					if d.ConsumedCapacity != nil {
+						c.capacity.Insert(consumed)
+					}
+				} else {
+					c.shared.Delete(share)
+					if d.ConsumedCapacity != nil {
+						c.capacity.Remove(consumed)
+					}
+				}
+			case d.AdminAccess != nil && *d.AdminAccess:
+			case take:
+				c.allocated.Insert(id)
+			default:
+				c.allocated.Delete(id)
 			}
-			c.allocated.Delete(id)
 		}
 	}
 }

@@ -11,11 +11,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/deviceclass"
-	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/simulate"
 	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
 const node = "node-a"
@@ -28,34 +28,10 @@ func published(t *testing.T, p fakenode.Profile) []*resourceapi.ResourceSlice {
 
 // publishedWith lays the node out with or without dynamic MIG, in an order.
 func publishedWith(t *testing.T, p fakenode.Profile, dynamicMIG bool, order inventory.Order) []*resourceapi.ResourceSlice {
-	t.Helper()
-	n, err := fakenode.FromProfile(p, fakenode.Options{Dir: t.TempDir(), NodeName: node})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := discovery.Discover(context.Background(), &n.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := slices.Build(node, inventory.Build(gpus, inventory.Options{DynamicMIG: dynamicMIG, Order: order}), slices.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*resourceapi.ResourceSlice
-	for _, s := range slices.Objects(node, res) {
-		out = append(out, &s)
-	}
-	return out
+	return fixtures.Slices(t, p, node, inventory.Options{DynamicMIG: dynamicMIG, Order: order})
 }
 
-func profile(t *testing.T, name string) fakenode.Profile {
-	t.Helper()
-	p, err := fakenode.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+func profile(t *testing.T, name string) fakenode.Profile { return fixtures.Profile(t, name) }
 
 func cluster(t *testing.T, p fakenode.Profile) *simulate.Cluster {
 	t.Helper()

@@ -6,7 +6,6 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
@@ -41,34 +40,16 @@ const (
 // holds as capacities.
 func MIGDevice(d inventory.Device) resourceapi.Device {
 	g, p := d.GPU, d.Profile
-	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrType:                  str(TypeMIG),
-		AttrProfile:               str(p.Name),
-		AttrParentUUID:            str(g.UUID),
-		AttrParentIndex:           integer(int64(g.Index)),
-		AttrPlacementStart:        integer(int64(d.Placement.Start)),
-		AttrPlacementSize:         integer(int64(d.Placement.Size)),
-		AttrComputeSlices:         integer(int64(p.Slices)),
-		AttrProductName:           str(g.ProductName),
-		AttrBrand:                 str(g.Brand),
-		AttrArchitecture:          str(g.Architecture),
-		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
-		AttrDriverVersion:         version(g.DriverVersion),
-		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
-		AttrNVLinkDomain:          str(g.NVLinkDomain),
-		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
-	}
+	attrs := gpuAttributes(g)
+	attrs[AttrType] = str(TypeMIG)
+	attrs[AttrProfile] = str(p.Name)
+	attrs[AttrParentUUID] = str(g.UUID)
+	attrs[AttrParentIndex] = integer(int64(g.Index))
+	attrs[AttrPlacementStart] = integer(int64(d.Placement.Start))
+	attrs[AttrPlacementSize] = integer(int64(d.Placement.Size))
+	attrs[AttrComputeSlices] = integer(int64(p.Slices))
 	if d.Instance != nil && d.Instance.UUID != "" {
 		attrs[AttrUUID] = str(d.Instance.UUID)
-	}
-	if g.PCIeRoot != "" {
-		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-	}
-	if g.NUMANode != nil {
-		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(*g.NUMANode))
-	}
-	if g.NVLinkClique != "" {
-		attrs[AttrNVLinkClique] = str(g.NVLinkClique)
 	}
 	q := func(n int) resourceapi.DeviceCapacity {
 		return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}

@@ -58,29 +58,11 @@ const (
 
 // GPUDevice is the published form of one whole GPU.
 func GPUDevice(g discovery.GPU) resourceapi.Device {
-	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrType:                  str(TypeGPU),
-		AttrUUID:                  str(g.UUID),
-		AttrProductName:           str(g.ProductName),
-		AttrBrand:                 str(g.Brand),
-		AttrArchitecture:          str(g.Architecture),
-		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
-		AttrDriverVersion:         version(g.DriverVersion),
-		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
-		AttrIndex:                 integer(int64(g.Index)),
-		AttrMIGCapable:            {BoolValue: ptr.To(g.MIGCapable)},
-		AttrNVLinkDomain:          str(g.NVLinkDomain),
-		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
-	}
-	if g.PCIeRoot != "" {
-		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-	}
-	if g.NUMANode != nil {
-		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(*g.NUMANode))
-	}
-	if g.NVLinkClique != "" {
-		attrs[AttrNVLinkClique] = str(g.NVLinkClique)
-	}
+	attrs := gpuAttributes(g)
+	attrs[AttrType] = str(TypeGPU)
+	attrs[AttrUUID] = str(g.UUID)
+	attrs[AttrIndex] = integer(int64(g.Index))
+	attrs[AttrMIGCapable] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIGCapable)}
 	if g.PowerMaxWatts > 0 {
 		attrs[AttrPowerMinWatts] = integer(g.PowerMinWatts)
 		attrs[AttrPowerMaxWatts] = integer(g.PowerMaxWatts)
@@ -93,6 +75,31 @@ func GPUDevice(g discovery.GPU) resourceapi.Device {
 			CapMemory: {Value: *resource.NewQuantity(g.MemoryBytes, resource.BinarySI)},
 		},
 	}
+}
+
+// gpuAttributes are what a GPU and each of its MIG devices share: the
+// product, versions and topology a claim selects or aligns on.
+func gpuAttributes(g discovery.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrProductName:           str(g.ProductName),
+		AttrBrand:                 str(g.Brand),
+		AttrArchitecture:          str(g.Architecture),
+		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
+		AttrDriverVersion:         version(g.DriverVersion),
+		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
+		AttrNVLinkDomain:          str(g.NVLinkDomain),
+		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
+	}
+	if g.PCIeRoot != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
+	}
+	if g.NUMANode != nil {
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = integer(int64(*g.NUMANode))
+	}
+	if g.NVLinkClique != "" {
+		attrs[AttrNVLinkClique] = str(g.NVLinkClique)
+	}
+	return attrs
 }
 
 // Options adjust what Build publishes.
