@@ -99,6 +99,11 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 				return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 			}
 		}
+		// Real NVML gives a new instance the lowest free ID; the mock counts
+		// up forever, which would run past the 15 IDs a GPU has.
+		d.Lock()
+		d.GpuInstanceCounter = lowestFreeID(d)
+		d.Unlock()
 		gi, ret := create(info, pl)
 		if ret == nvml.SUCCESS {
 			completeGI(gi.(*server.GpuInstance), name, log)
@@ -141,6 +146,18 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return d, nvml.SUCCESS },
 		}, nvml.SUCCESS
 	}
+}
+
+func lowestFreeID(d *server.Device) uint32 {
+	used := map[uint32]bool{}
+	for gi := range d.GpuInstances {
+		used[gi.Info.Id] = true
+	}
+	id := uint32(0)
+	for used[id] {
+		id++
+	}
+	return id
 }
 
 func completeGI(gi *server.GpuInstance, name string, log *callLog) {

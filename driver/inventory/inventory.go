@@ -151,6 +151,20 @@ func spread(perGPU [][]Device) []Device {
 	}
 }
 
+// Overlap says whether two different devices of the node use the same
+// hardware: the whole GPU and any of its partitions, or partitions whose
+// placements intersect. The scheduler's counters keep such pairs apart; the
+// driver checks again, as the last line of defence.
+func Overlap(a, b Device) bool {
+	if a.Name == b.Name || a.GPU.UUID != b.GPU.UUID {
+		return false
+	}
+	if a.Kind == Whole || b.Kind == Whole {
+		return true
+	}
+	return a.Placement.Start < b.Placement.Start+b.Placement.Size && b.Placement.Start < a.Placement.Start+a.Placement.Size
+}
+
 // Lookup finds a device by name.
 func (inv *Inventory) Lookup(name string) (Device, bool) {
 	i, ok := inv.byName[name]

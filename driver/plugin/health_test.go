@@ -3,20 +3,16 @@ package plugin_test
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"sort"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/deviceclass"
@@ -42,18 +38,6 @@ type healthHarness struct {
 // fake clock for health. gates ("DeviceHealth=false") adjust the defaults.
 func startHealth(t *testing.T, profile string, gates ...string) *healthHarness {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
-	dir := shortDir(t)
-	bootID := filepath.Join(dir, "boot_id")
-	if err := os.WriteFile(bootID, []byte("boot-1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n, err := fakenode.New(profile, fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
-	if err != nil {
-		t.Fatal(err)
-	}
 	fg := features.New()
 	for _, g := range gates {
 		if err := fg.Set(g); err != nil {
@@ -61,27 +45,18 @@ func startHealth(t *testing.T, profile string, gates ...string) *healthHarness {
 		}
 	}
 	clk := testingclock.NewFakeClock(healthStart)
-	h := &healthHarness{node: n, clock: clk, harness: &harness{t: t, ctx: ctx,
-		client: fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}}),
-		opts: plugin.Options{
-			Node:          nodeopen.Options{NodeName: nodeName, Opened: &n.Node},
-			CDIRoot:       filepath.Join(dir, "cdi"),
-			PluginDataDir: filepath.Join(dir, "plugin"),
-			RegistrarDir:  filepath.Join(dir, "reg"),
-			BootIDFile:    bootID,
-			KubeAPIQPS:    50, KubeAPIBurst: 100,
-			Health:       health.Options{QuietPeriod: healthQuiet, ProbeInterval: time.Second, WaitTimeout: 10 * time.Millisecond, Clock: clk},
-			FeatureGates: fg,
-		},
-	}}
-	if err := os.MkdirAll(h.opts.RegistrarDir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.opts.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	h.restart()
-	return h
+	var n *fakenode.Node
+	h := startWith(t, func(dir string, o *plugin.Options) {
+		var err error
+		n, err = fakenode.New(profile, fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
+		o.Health = health.Options{QuietPeriod: healthQuiet, ProbeInterval: time.Second, WaitTimeout: 10 * time.Millisecond, Clock: clk}
+		o.FeatureGates = fg
+	})
+	return &healthHarness{node: n, clock: clk, harness: h}
 }
 
 // publishedTaints returns the published devices and their taints as

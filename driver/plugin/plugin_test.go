@@ -48,7 +48,17 @@ func shortDir(t *testing.T) string {
 	return d
 }
 
+// start runs the plugin on a fake node of the given profile.
 func start(t *testing.T, profile string) *harness {
+	return startWith(t, func(dir string, o *plugin.Options) {
+		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: profile, FakeRoot: filepath.Join(dir, "host")}
+	})
+}
+
+// startWith runs the plugin with options a test adjusts (dir is the test's
+// short scratch directory), registered with a simulated kubelet, against a
+// fake API server holding this node.
+func startWith(t *testing.T, adjust func(dir string, o *plugin.Options)) *harness {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -61,7 +71,6 @@ func start(t *testing.T, profile string) *harness {
 	h := &harness{t: t, ctx: ctx,
 		client: fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}}),
 		opts: plugin.Options{
-			Node:          nodeopen.Options{NodeName: nodeName, FakeNode: profile, FakeRoot: filepath.Join(dir, "host")},
 			CDIRoot:       filepath.Join(dir, "cdi"),
 			PluginDataDir: filepath.Join(dir, "plugin"),
 			RegistrarDir:  filepath.Join(dir, "reg"),
@@ -69,6 +78,7 @@ func start(t *testing.T, profile string) *harness {
 			KubeAPIQPS:    50, KubeAPIBurst: 100,
 		},
 	}
+	adjust(dir, &h.opts)
 	// The kubelet owns and creates its registration directory.
 	if err := os.MkdirAll(h.opts.RegistrarDir, 0o750); err != nil {
 		t.Fatal(err)

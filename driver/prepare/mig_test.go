@@ -2,6 +2,8 @@ package prepare_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -175,5 +177,53 @@ func TestStaticMIGDevicesAreInjectedNotCreated(t *testing.T) {
 	}
 	if n := e.node.GPUInstances(3); n != 1 {
 		t.Errorf("unprepare destroyed the operator's instance (%d left)", n)
+	}
+}
+
+func TestPrepareRefusesHardwareAnotherClaimUses(t *testing.T) {
+	m := newEnv(t, "dgx-h100").start()
+	ctx := context.Background()
+	if _, err := m.Prepare(ctx, claim("part", "gpu-4-mig-3g40gb-4")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, dev string }{
+		{"whole", "gpu-4"},                 // the GPU is partitioned
+		{"overlap", "gpu-4-mig-1g10gb-5"},  // inside the 3g placement
+		{"overlap2", "gpu-4-mig-2g20gb-4"}, // shares slices 4 and 5
+	} {
+		_, err := m.Prepare(ctx, claim(tc.name, tc.dev))
+		if err == nil || !strings.Contains(err.Error(), "shares GPU gpu-4 with device gpu-4-mig-3g40gb-4") {
+			t.Errorf("%s: got %v", tc.dev, err)
+		}
+	}
+	if _, err := m.Prepare(ctx, claim("beside", "gpu-4-mig-1g10gb-0")); err != nil {
+		t.Errorf("a disjoint partition was refused: %v", err)
+	}
+	if _, err := m.Prepare(ctx, claim("whole5", "gpu-5")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Prepare(ctx, claim("under-whole", "gpu-5-mig-1g10gb-6")); err == nil {
+		t.Error("a partition of a GPU held whole was prepared")
+	}
+}
+
+func TestAFailedPrepareDestroysThePartitionItCreated(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	// A host whose kernel lists no MIG capability minors: the partition is
+	// created, then cannot be injected.
+	minors := filepath.Join(e.node.HostRoot, "proc", "driver", "nvidia-caps", "mig-minors")
+	if err := os.WriteFile(minors, []byte("config 1\nmonitor 2\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	m := e.start()
+	_, err := m.Prepare(context.Background(), claim("doomed", part))
+	if err == nil || !strings.Contains(err.Error(), "no MIG capability minor") {
+		t.Fatalf("got %v", err)
+	}
+	if n := e.node.GPUInstances(0); n != 0 {
+		t.Errorf("%d GPU instances left by the failed prepare", n)
+	}
+	if len(m.PreparedClaims()) != 0 {
+		t.Errorf("claims after failure: %v", m.PreparedClaims())
 	}
 }

@@ -141,6 +141,16 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 			h := m.data.Claims[string(holder)]
 			return fmt.Errorf("claim %s: device %s is already prepared for claim %s (%s); unprepare it first", ref, d.Device, claimRef(h.Namespace, h.Name), holder)
 		}
+		want, _ := m.cfg.Inventory.Lookup(d.Device)
+		for held, holder := range m.owners {
+			if holder == uid {
+				continue
+			}
+			if h, ok := m.cfg.Inventory.Lookup(held); ok && inventory.Overlap(want, h) {
+				c := m.data.Claims[string(holder)]
+				return fmt.Errorf("claim %s: device %s shares GPU %s with device %s, already prepared for claim %s (%s); unprepare it first", ref, d.Device, want.GPU.Name(), held, claimRef(c.Namespace, c.Name), holder)
+			}
+		}
 	}
 	for _, d := range devs {
 		if !d.AdminAccess {
@@ -175,8 +185,8 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, devs []checkpoint
 
 // materialize creates the claim's MIG partitions and writes its CDI spec,
 // returning the devices with their CDI IDs. On error it undoes what it did.
-func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoint.Device) (out []checkpoint.Device, err error) {
-	out = make([]checkpoint.Device, len(devs))
+func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoint.Device) (_ []checkpoint.Device, err error) {
+	out := make([]checkpoint.Device, len(devs))
 	for i, d := range devs {
 		if d.MIG != nil {
 			rec := *d.MIG
@@ -185,6 +195,7 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 		out[i] = d
 	}
 	defer func() {
+		// out, not the result: an error return clears the result.
 		if err != nil {
 			_ = m.destroyPartitions(out)
 		}

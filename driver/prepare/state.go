@@ -195,6 +195,9 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 	return nil
 }
 
+// Inventory is what the node hands out.
+func (m *Manager) Inventory() *inventory.Inventory { return m.cfg.Inventory }
+
 // PreparedClaims returns the UIDs of the claims currently prepared.
 func (m *Manager) PreparedClaims() map[types.UID]checkpoint.Claim {
 	m.mu.Lock()

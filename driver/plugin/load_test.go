@@ -1,0 +1,142 @@
+package plugin_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/plugin"
+)
+
+// TestPrepareUnderLoadNeverDoubleHoldsHardware runs 1,000 prepare/unprepare
+// cycles from 32 concurrent callers over the real socket, on whole GPUs and
+// MIG partitions of one DGX H100 that deliberately collide, and checks that
+// no piece of hardware is ever held by two claims and nothing leaks (claims,
+// CDI specs, MIG instances).
+func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
+	var n *fakenode.Node
+	h := startWith(t, func(dir string, o *plugin.Options) {
+		var err error
+		n, err = fakenode.New("dgx-h100", fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
+	})
+	inv := h.plugin.Manager().Inventory()
+	// Whole GPUs and two profiles of partitions: claims collide, by name,
+	// by placement, and whole against partition.
+	var pool []string
+	for _, d := range inv.Devices {
+		if d.Name == d.GPU.Name() || d.Profile.Name == "1g.10gb" || d.Profile.Name == "3g.40gb" {
+			pool = append(pool, d.Name)
+		}
+	}
+	const callers, cycles = 32, 1000
+	var (
+		mu        sync.Mutex
+		held      = map[string]string{} // device -> claim
+		latencies []time.Duration
+		refused   int
+		errs      []string
+	)
+	overlaps := func(dev string) string {
+		want, _ := inv.Lookup(dev)
+		for other, c := range held {
+			o, _ := inv.Lookup(other)
+			if other == dev || overlapOf(want, o) {
+				return c
+			}
+		}
+		return ""
+	}
+	var next int
+	var wg sync.WaitGroup
+	for w := range callers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for {
+				mu.Lock()
+				if next >= cycles {
+					mu.Unlock()
+					return
+				}
+				i := next
+				next++
+				mu.Unlock()
+				dev := pool[r.IntN(len(pool))]
+				c := h.claim(fmt.Sprintf("load-%d", i), dev)
+				start := time.Now()
+				resp, err := h.kubelet.Prepare(h.ctx, c)
+				took := time.Since(start)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err.Error())
+					mu.Unlock()
+					continue
+				}
+				if msg := resp.Claims[string(c.UID)].Error; msg != "" {
+					mu.Lock()
+					refused++
+					mu.Unlock()
+					// The kubelet unprepares a failed pod's claims too.
+					if _, err := h.kubelet.Unprepare(h.ctx, c); err != nil {
+						mu.Lock()
+						errs = append(errs, err.Error())
+						mu.Unlock()
+					}
+					continue
+				}
+				mu.Lock()
+				if other := overlaps(dev); other != "" {
+					errs = append(errs, fmt.Sprintf("%s prepared for %s while %s holds overlapping hardware", dev, c.Name, other))
+				}
+				held[dev] = c.Name
+				latencies = append(latencies, took)
+				mu.Unlock()
+				if _, err := h.kubelet.Unprepare(h.ctx, c); err != nil {
+					mu.Lock()
+					errs = append(errs, err.Error())
+					mu.Unlock()
+				}
+				mu.Lock()
+				delete(held, dev)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, e := range errs[:min(len(errs), 10)] {
+		t.Error(e)
+	}
+	if len(latencies) < 100 || refused == 0 {
+		t.Fatalf("%d of %d cycles prepared, %d refused: the load did not exercise both paths", len(latencies), cycles, refused)
+	}
+	slices.Sort(latencies)
+	t.Logf("%d cycles, %d prepared, %d refused as conflicting; prepare latency p50 %v p99 %v",
+		cycles, len(latencies), refused, latencies[len(latencies)/2], latencies[len(latencies)*99/100])
+	if left := h.plugin.Manager().PreparedClaims(); len(left) != 0 {
+		t.Errorf("%d claims still prepared", len(left))
+	}
+	if specs, _ := filepath.Glob(filepath.Join(h.opts.CDIRoot, "*.json")); len(specs) != 0 {
+		t.Errorf("%d CDI specs leaked", len(specs))
+	}
+	for g := range 8 {
+		if k := n.GPUInstances(g); k != 0 {
+			t.Errorf("gpu-%d: %d MIG instances leaked", g, k)
+		}
+	}
+	if _, err := os.Stat(h.opts.PluginDataDir); err != nil {
+		t.Error(err)
+	}
+}
+
+var overlapOf = inventory.Overlap
