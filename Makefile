@@ -43,6 +43,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./driver/checkpoint -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./cdi -run '^$$' -fuzz FuzzWriteSpec -fuzztime $(FUZZTIME)
+	$(GO) test ./api/gpu/v1alpha1 -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 
 lint: fmt vet staticcheck
 
