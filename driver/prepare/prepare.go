@@ -25,6 +25,9 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
+	if err := m.checkConfigs(claim); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
 	unlock := m.claimLocks.lock(uid)
 	defer unlock()
 
