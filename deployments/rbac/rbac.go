@@ -9,6 +9,12 @@ import _ "embed"
 //go:embed kubelet-plugin.yaml
 var KubeletPlugin []byte
 
+// NodeLock is the ValidatingAdmissionPolicy that confines the kubelet
+// plugin's ResourceSlice writes to its own node.
+//
+//go:embed node-lock.yaml
+var NodeLock []byte
+
 // Namespace and ServiceAccount the kubelet plugin runs as.
 const (
 	Namespace            = "tessera-system"
