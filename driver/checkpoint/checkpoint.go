@@ -190,8 +190,12 @@ func (s *Store) Save(d Data) error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(s.path, raw, 0o600)
+	return s.Write(raw)
 }
+
+// Write replaces the checkpoint with already encoded content (Encode),
+// atomically and durably.
+func (s *Store) Write(raw []byte) error { return WriteFileAtomic(s.path, raw, 0o600) }
 
 // Quarantine moves an unreadable checkpoint aside (for a post-mortem) and
 // returns where it went.

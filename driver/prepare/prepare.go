@@ -45,13 +45,16 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
-	if err := m.save(); err != nil {
+	v := m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
+		m.mu.Lock()
 		m.release(uid, want)
 		delete(m.data.Claims, string(uid))
+		m.changed()
 		m.mu.Unlock()
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
-	m.mu.Unlock()
 
 	prepared, err := m.materialize(claim, want)
 	if err != nil {
@@ -60,9 +63,10 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Devices: prepared}
-	if err := m.save(); err != nil {
+	v = m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
 		// The CDI spec exists but the checkpoint says PrepareStarted: a
 		// restart rolls it back, and the kubelet retries.
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
@@ -84,11 +88,11 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	}
 	c.Phase = checkpoint.UnprepareStarted
 	m.data.Claims[string(uid)] = c
-	if err := m.save(); err != nil {
-		m.mu.Unlock()
+	v := m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
-	m.mu.Unlock()
 
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
@@ -98,10 +102,11 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	}
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.release(uid, c.Devices)
 	delete(m.data.Claims, string(uid))
-	if err := m.save(); err != nil {
+	v = m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
@@ -178,10 +183,11 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, devs []checkpoint
 		klog.FromContext(ctx).Error(err, "Rolling back a failed prepare: CDI spec left behind; it is removed at the next start", "uid", uid)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.release(uid, devs)
 	delete(m.data.Claims, string(uid))
-	if err := m.save(); err != nil {
+	v := m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
 		klog.FromContext(ctx).Error(err, "Rolling back a failed prepare: checkpoint not updated; the next start rolls it back", "uid", uid)
 	}
 }

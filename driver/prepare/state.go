@@ -14,9 +14,10 @@
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
 //     the scheduler double-allocates.
-//   - Claims never wait for each other except for the few microseconds of a
-//     shared map update and the checkpoint write; operations on one claim are
-//     serialised by a per-claim lock.
+//   - Claims never wait for each other except for a shared map update and
+//     the checkpoint write, which is batched: concurrent claims share one
+//     fsync (group commit). Operations on one claim are serialised by a
+//     per-claim lock.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
@@ -79,9 +80,13 @@ type Manager struct {
 
 	claimLocks keyedMutex
 
-	mu     sync.Mutex // guards data and owners; held across checkpoint writes
-	data   checkpoint.Data
-	owners map[string]types.UID // device name -> exclusive holder
+	mu      sync.Mutex // guards data, owners and version; never held across I/O
+	data    checkpoint.Data
+	owners  map[string]types.UID // device name -> exclusive holder
+	version uint64               // bumped by every change of data
+
+	fileMu  sync.Mutex // serialises checkpoint writes
+	written uint64     // the newest version on disk
 }
 
 // New loads the checkpoint and brings the node to a consistent state: see
@@ -150,7 +155,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 	}
 	m.data = data
-	return m.cfg.Checkpoint.Save(m.data)
+	if err := m.cfg.Checkpoint.Save(m.data); err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	return nil
 }
 
 // rebuildFromCDI reconstructs prepared claims from the CDI specs, which are
@@ -209,11 +217,35 @@ func (m *Manager) PreparedClaims() map[types.UID]checkpoint.Claim {
 	return out
 }
 
-// save writes the checkpoint; m.mu must be held.
-func (m *Manager) save() error {
-	if err := m.cfg.Checkpoint.Save(m.data); err != nil {
+// changed records that m.data changed and returns the change's version;
+// m.mu must be held.
+func (m *Manager) changed() uint64 {
+	m.version++
+	return m.version
+}
+
+// persist returns once a checkpoint holding change v is on disk. Writes are
+// batched (group commit): whoever takes the file lock writes the newest
+// state, covering every change made so far, and the claims waiting behind
+// it find their change already written and return without an fsync of
+// their own. Call it without m.mu.
+func (m *Manager) persist(v uint64) error {
+	m.fileMu.Lock()
+	defer m.fileMu.Unlock()
+	if m.written >= v {
+		return nil
+	}
+	m.mu.Lock()
+	upTo := m.version
+	raw, err := checkpoint.Encode(m.data)
+	m.mu.Unlock()
+	if err == nil {
+		err = m.cfg.Checkpoint.Write(raw)
+	}
+	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
+	m.written = upTo
 	return nil
 }
 
