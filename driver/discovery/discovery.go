@@ -59,13 +59,35 @@ type GPU struct {
 
 	// Power limits in watts as the board reports them; zero when unknown.
 	PowerMinWatts, PowerMaxWatts, PowerDefaultWatts int64
+
+	// Lost says why NVML could not read the GPU at discovery; the other
+	// fields are then its last-known description (lastknown.go). Empty for a
+	// GPU read just now.
+	Lost string `json:",omitempty"`
 }
 
 // Name is the GPU's device name in ResourceSlices and the checkpoint.
 func (g GPU) Name() string { return "gpu-" + strconv.Itoa(g.Index) }
 
-// Discover returns the node's GPUs sorted by index.
+// Options tune discovery.
+type Options struct {
+	// LastKnownPath is a file that keeps each GPU's description from its last
+	// successful discovery (contract in lastknown.go). A GPU NVML reports
+	// lost is then returned from it, with Lost set, rather than left out.
+	// Empty means no such file: a lost GPU is left out. Its directory must
+	// exist.
+	LastKnownPath string
+}
+
+// Discover returns the node's GPUs sorted by index, leaving out a GPU NVML
+// reports lost.
 func Discover(ctx context.Context, node *gpulib.Node) ([]GPU, error) {
+	return DiscoverWith(ctx, node, Options{})
+}
+
+// DiscoverWith returns the node's GPUs sorted by index; a lost GPU is
+// described from opts.LastKnownPath when the file knows it.
+func DiscoverWith(ctx context.Context, node *gpulib.Node, opts Options) ([]GPU, error) {
 	logger := klog.FromContext(ctx)
 	lib := node.NVML
 	driver, ret := lib.SystemGetDriverVersion()
@@ -80,15 +102,16 @@ func Discover(ctx context.Context, node *gpulib.Node) ([]GPU, error) {
 	if err := gpulib.Error(ret); err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
 	}
+	driverVersion := semver(driver)
+	cudaVersion := fmt.Sprintf("%d.%d.0", cudaInt/1000, (cudaInt%1000)/10)
 	handles := make([]nvml.Device, 0, count)
 	gpus := make([]GPU, 0, count)
+	var lost []lostGPU
 	for i := 0; i < count; i++ {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if err := gpulib.Error(ret); err != nil {
 			if gpulib.IsGPULost(err) {
-				// A lost GPU cannot be described or used; the health
-				// monitor reports it. The others are still published.
-				logger.Error(err, "GPU is lost, not publishing it", "index", i)
+				lost = append(lost, lostGPU{index: i, err: err})
 				continue
 			}
 			return nil, fmt.Errorf("GPU %d: get handle: %w", i, err)
@@ -96,19 +119,19 @@ func Discover(ctx context.Context, node *gpulib.Node) ([]GPU, error) {
 		g, err := readGPU(logger, node, d, i)
 		if err != nil {
 			if gpulib.IsGPULost(err) {
-				logger.Error(err, "GPU is lost, not publishing it", "index", i)
+				lost = append(lost, lostGPU{index: i, handle: d, err: err})
 				continue
 			}
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
-		g.DriverVersion = semver(driver)
-		g.CUDADriverVersion = fmt.Sprintf("%d.%d.0", cudaInt/1000, (cudaInt%1000)/10)
+		g.DriverVersion, g.CUDADriverVersion = driverVersion, cudaVersion
 		handles = append(handles, d)
 		gpus = append(gpus, g)
 	}
 	if err := assignNVLinkDomains(gpus, handles); err != nil {
 		return nil, err
 	}
+	gpus = append(gpus, describeLost(logger, opts.LastKnownPath, count, gpus, lost, driverVersion, cudaVersion)...)
 	sort.Slice(gpus, func(a, b int) bool { return gpus[a].Index < gpus[b].Index })
 	return gpus, nil
 }

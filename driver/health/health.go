@@ -93,6 +93,10 @@ type Options struct {
 	Clock clock.WithTicker
 	// Metrics receives event counts and health gauges; nil means none.
 	Metrics *Metrics
+	// StatePath is the file that keeps the GPUs' fault taints across
+	// restarts (contract in state.go); empty means they are not kept. Its
+	// directory must exist.
+	StatePath string
 }
 
 // AddFlags registers the options' flags.

@@ -138,11 +138,15 @@ func (m *machine) snapshot() Snapshot {
 		for _, t := range d.taints {
 			s.Taints = append(s.Taints, t)
 		}
-		sort.Slice(s.Taints, func(a, b int) bool { return s.Taints[a].Key < s.Taints[b].Key })
+		sortTaints(s.Taints)
 		s.Message = message(d, s.Taints)
 		out = append(out, s)
 	}
 	return out
+}
+
+func sortTaints(ts []resourceapi.DeviceTaint) {
+	sort.Slice(ts, func(a, b int) bool { return ts[a].Key < ts[b].Key })
 }
 
 // faulty says whether the GPU carries a taint recovery can lift.

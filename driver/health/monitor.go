@@ -30,7 +30,9 @@ type Monitor struct {
 	subs      map[chan Snapshot]struct{}
 	set       nvml.EventSet
 	lastProbe time.Time
-	done      chan struct{}
+	// written is the state file's content as last read or written.
+	written []byte
+	done    chan struct{}
 }
 
 // New enumerates the node's GPUs through NVML, all of them, including those
@@ -61,9 +63,10 @@ func New(lib gpulib.Library, gpus []discovery.GPU, opts Options) (*Monitor, erro
 	return mon, nil
 }
 
-// Start registers for every GPU's events, probes every GPU once (a GPU lost
-// before the start is tainted before Start returns) and starts watching until
-// ctx ends. Done is closed when the watcher has stopped.
+// Start restores the health state an earlier run saved (Options.StatePath),
+// registers for every GPU's events, probes every GPU once (a GPU lost before
+// the start is tainted before Start returns) and starts watching until ctx
+// ends. Done is closed when the watcher has stopped.
 func (mon *Monitor) Start(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	set, ret := mon.lib.EventSetCreate()
@@ -74,6 +77,7 @@ func (mon *Monitor) Start(ctx context.Context) {
 	mon.mu.Lock()
 	mon.set = set
 	now := mon.opts.Clock.Now()
+	mon.restoreState(logger, now)
 	for i := range mon.handles {
 		if why := mon.register(i); why != "" {
 			logger.Info("GPU events cannot be watched; marking it unmonitored", "device", mon.machine.devices[i].name, "reason", why)
@@ -211,6 +215,7 @@ func (mon *Monitor) handle(ctx context.Context, data nvml.EventData) {
 	if mon.machine.observe(i, ev, mon.opts.Clock.Now()) {
 		mon.notify()
 	}
+	mon.saveState(logger)
 }
 
 // indexOf finds an event's GPU by handle, else by UUID.
@@ -267,6 +272,7 @@ func (mon *Monitor) probeAll(ctx context.Context) {
 	if changed {
 		mon.notify()
 	}
+	mon.saveState(logger)
 	mon.opts.Metrics.set(mon.machine.snapshot())
 }
 

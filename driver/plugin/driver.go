@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,6 +29,8 @@ type Driver struct {
 	health *health.Monitor
 	// pool names the node's pool in health reports.
 	pool string
+	// metrics count prepares and unprepares; nil means none.
+	metrics *claimMetrics
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -37,7 +40,9 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
-		devs, err := d.claims.Prepare(ctx, c)
+		began := time.Now()
+		devs, err := d.prepare(ctx, c)
+		d.metrics.prepared(err, time.Since(began))
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
 	}
 	return out, nil
@@ -47,9 +52,19 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		out[c.UID] = d.claims.Unprepare(ctx, c.UID)
+		err := d.claims.Unprepare(ctx, c.UID)
+		d.metrics.unprepared(err)
+		out[c.UID] = err
 	}
 	return out, nil
+}
+
+// prepare refuses a device on a lost GPU (health.go), else delegates.
+func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if err := d.refuseLost(c); err != nil {
+		return nil, err
+	}
+	return d.claims.Prepare(ctx, c)
 }
 
 // HandleError logs background errors; unrecoverable ones stop the plugin so

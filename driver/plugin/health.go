@@ -2,12 +2,16 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/slices"
 )
 
 // HealthResendInterval is how often an unchanged health report is sent
@@ -63,4 +67,54 @@ func healthReport(pool string, s health.Snapshot, now time.Time) kubeletplugin.D
 		})
 	}
 	return r
+}
+
+// refuseLost fails a claim allocated a device on a GPU NVML cannot reach (the
+// monitor's lost taint): a GPU lost while the plugin was down is published
+// from its last-known description, and a claim tolerating every taint could
+// still get it. A claim prepared already is left to the manager, which
+// returns what it holds.
+func (d *Driver) refuseLost(claim *resourceapi.ResourceClaim) error {
+	if d.health == nil || claim.Status.Allocation == nil {
+		return nil
+	}
+	lost := map[string]resourceapi.DeviceTaint{} // by GPU name
+	for _, s := range d.health.State() {
+		for _, t := range s.Taints {
+			if t.Key == health.KeyLost {
+				lost[s.Name] = t
+			}
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	if c, ok := d.claims.PreparedClaims()[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
+		return nil
+	}
+	inv := d.claims.Inventory()
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != slices.DriverName || r.Pool != d.pool {
+			continue
+		}
+		dev, ok := inv.Lookup(r.Device)
+		if !ok {
+			continue // the manager names an unknown device
+		}
+		t, ok := lost[dev.GPU.Name()]
+		if !ok {
+			continue
+		}
+		device := ""
+		if r.Device != dev.GPU.Name() {
+			device = "device " + r.Device + ": "
+		}
+		since := ""
+		if t.TimeAdded != nil {
+			since = " since " + t.TimeAdded.UTC().Format(time.RFC3339)
+		}
+		return fmt.Errorf("claim %s/%s: %sGPU %s (%s) is lost: NVML cannot reach it (taint %s=%s%s); delete the claim to have another GPU allocated, and reset or replace this one",
+			claim.Namespace, claim.Name, device, dev.GPU.Name(), dev.GPU.UUID, t.Key, t.Value, since)
+	}
+	return nil
 }

@@ -299,20 +299,20 @@ func TestRestartWithALostGPUKeepsItOutOfService(t *testing.T) {
 	h.awaitSlices("taint on gpu-3", func(m map[string][]string) bool { return len(m["gpu-3"]) > 0 })
 	h.restart()
 	// Re-derived at start: the probe finds the GPU lost before anything is
-	// published or reported.
-	if s := h.plugin.Health().State()[3]; s.Status != health.Unhealthy {
+	// published or reported; the XID seen before the restart is kept.
+	s := h.plugin.Health().State()[3]
+	if s.Status != health.Unhealthy {
 		t.Fatalf("after restart gpu-3 is %s: %v", s.Status, s.Taints)
 	}
 	reports, _ := h.watchHealth(h.ctx)
 	awaitReport(t, reports, func(m map[string]kubeletplugin.HealthStatus) bool {
 		return cmp.Equal(m, allHealthyBut("gpu-3", kubeletplugin.HealthStatusUnhealthy))
 	})
-	// Discovery cannot describe a lost GPU: it is not published, so nothing
-	// can be allocated on it; the others are.
-	h.awaitSlices("slices without gpu-3", func(m map[string][]string) bool {
-		_, has := m["gpu-3"]
-		return len(m) == 3 && !has
-	})
+	// Discovery cannot describe a lost GPU; its last-known description is
+	// published, tainted, so nothing is allocated on it without tolerating
+	// the taints.
+	want := []string{"gpu.tessera.dev/lost=gpu-is-lost:NoSchedule", "gpu.tessera.dev/unmonitored=gpu-is-lost:None", "gpu.tessera.dev/xid=79:NoSchedule"}
+	h.awaitSlices("gpu-3 tainted lost", func(m map[string][]string) bool { return len(m) == 4 && cmp.Equal(m["gpu-3"], want) })
 }
 
 func TestDeviceHealthGateOffReportsNotSupported(t *testing.T) {

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
@@ -47,12 +50,16 @@ func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
 		latencies []time.Duration
 		refused   int
 		errs      []string
+		// releasing are claims whose unprepare was sent: the plugin may
+		// free their hardware before the caller hears back, so a prepare
+		// overlapping them is no proof of double holding.
+		releasing = map[string]bool{}
 	)
 	overlaps := func(dev string) string {
 		want, _ := inv.Lookup(dev)
 		for other, c := range held {
 			o, _ := inv.Lookup(other)
-			if other == dev || overlapOf(want, o) {
+			if (other == dev || overlapOf(want, o)) && !releasing[c] {
 				return c
 			}
 		}
@@ -102,6 +109,16 @@ func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
 				held[dev] = c.Name
 				latencies = append(latencies, took)
 				mu.Unlock()
+				// The plugin's own record, read atomically, must never show
+				// two prepared claims on overlapping hardware.
+				if e := doubleHeld(inv, h.plugin.Manager().PreparedClaims()); e != "" {
+					mu.Lock()
+					errs = append(errs, e)
+					mu.Unlock()
+				}
+				mu.Lock()
+				releasing[c.Name] = true
+				mu.Unlock()
 				if _, err := h.kubelet.Unprepare(h.ctx, c); err != nil {
 					mu.Lock()
 					errs = append(errs, err.Error())
@@ -109,6 +126,7 @@ func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
 				}
 				mu.Lock()
 				delete(held, dev)
+				delete(releasing, c.Name)
 				mu.Unlock()
 			}
 		})
@@ -140,3 +158,27 @@ func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
 }
 
 var overlapOf = inventory.Overlap
+
+// doubleHeld names two prepared claims holding overlapping hardware, if any.
+func doubleHeld(inv *inventory.Inventory, claims map[types.UID]checkpoint.Claim) string {
+	type hold struct{ claim, device string }
+	var holds []hold
+	for _, c := range claims {
+		if c.Phase != checkpoint.PrepareCompleted {
+			continue
+		}
+		for _, d := range c.Devices {
+			holds = append(holds, hold{c.Name, d.Device})
+		}
+	}
+	for i, a := range holds {
+		for _, b := range holds[i+1:] {
+			da, _ := inv.Lookup(a.device)
+			db, _ := inv.Lookup(b.device)
+			if a.claim != b.claim && (a.device == b.device || overlapOf(da, db)) {
+				return fmt.Sprintf("the plugin records %s for %s and %s for %s: overlapping hardware", a.device, a.claim, b.device, b.claim)
+			}
+		}
+	}
+	return ""
+}

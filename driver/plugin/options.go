@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -30,6 +31,9 @@ type Options struct {
 	// PodUID enables the kubelet's rolling-update mode (two plugin pods
 	// serving side by side during a DaemonSet update).
 	PodUID string
+	// MetricsAddress is where /metrics and /healthz are served (host:port);
+	// empty serves nothing.
+	MetricsAddress string
 
 	// Health tunes device health monitoring (feature gate DeviceHealth).
 	Health health.Options
@@ -45,7 +49,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server. Prepares read claims from it, so keep this above the expected prepare rate.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.StringVar(&o.CDIRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory the container runtime reads CDI specs from. Environment: CDI_ROOT.")
-	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket and checkpoint. Environment: PLUGIN_DATA_DIR.")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket, checkpoint, GPU health state (health.json) and last-known GPU descriptions (gpus.json). Environment: PLUGIN_DATA_DIR.")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
 	fs.StringVar(&o.BootIDFile, "boot-id-file", env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
 	o.Health.AddFlags(fs)
@@ -53,6 +57,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		o.FeatureGates = features.New()
 	}
 	o.FeatureGates.AddFlag(fs)
+	fs.StringVar(&o.MetricsAddress, "metrics-address", env("METRICS_ADDRESS", ""), "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing. Use a loopback or pod-network address (\"127.0.0.1:8080\", \":8080\" listens on every interface). Environment: METRICS_ADDRESS.")
 	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables seamless rolling updates. Environment: POD_UID.")
 }
 
@@ -64,6 +69,11 @@ func (o *Options) Validate() error {
 	for flag, dir := range map[string]string{"--cdi-root": o.CDIRoot, "--plugin-data-dir": o.PluginDataDir, "--registrar-dir": o.RegistrarDir} {
 		if dir == "" || !filepath.IsAbs(dir) {
 			return fmt.Errorf("%s %q: want an absolute directory path", flag, dir)
+		}
+	}
+	if o.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(o.MetricsAddress); err != nil {
+			return fmt.Errorf("--metrics-address %q: want host:port (\":8080\", \"127.0.0.1:8080\") or empty for none: %w", o.MetricsAddress, err)
 		}
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {

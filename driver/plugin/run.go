@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +39,18 @@ type Plugin struct {
 	stopHealth context.CancelFunc
 	background sync.WaitGroup
 	metrics    *prometheus.Registry
+	// server serves the metrics; nil when --metrics-address is empty.
+	server *metricsServer
 }
+
+// Files the plugin keeps in --plugin-data-dir besides the checkpoint.
+const (
+	// HealthStateFile keeps the GPUs' fault taints across restarts.
+	HealthStateFile = "health.json"
+	// LastKnownFile keeps each GPU's last description, so that a GPU lost
+	// while the plugin was down is still published (tainted).
+	LastKnownFile = "gpus.json"
+)
 
 // Start discovers the node, recovers prepared state, registers with the
 // kubelet and publishes the node's devices. The plugin runs until ctx ends or
@@ -48,12 +61,20 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
-	gpus, err := discovery.Discover(ctx, node)
+	if err := os.MkdirAll(o.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create --plugin-data-dir: %w", err)
+	}
+	gates := o.gates()
+	gpus, err := discovery.DiscoverWith(ctx, node, discovery.Options{LastKnownPath: filepath.Join(o.PluginDataDir, LastKnownFile)})
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
 	}
+	if !gates.Enabled(features.DeviceHealth) {
+		// Nothing would taint a lost GPU: leave it out rather than publish
+		// it as if it worked.
+		gpus = withoutLost(logger, gpus)
+	}
 	logger.Info("Discovered GPUs", "count", len(gpus), "profile", node.Profile, "driverRoot", node.DriverRoot)
-	gates := o.gates()
 	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
 	if _, err := slices.Build(o.Node.NodeName, inv, slices.Options{}); err != nil {
 		return nil, err
@@ -62,6 +83,9 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	var monitor *health.Monitor
 	if gates.Enabled(features.DeviceHealth) {
 		hopts := o.Health
+		if hopts.StatePath == "" {
+			hopts.StatePath = filepath.Join(o.PluginDataDir, HealthStateFile)
+		}
 		if hopts.Metrics, err = health.NewMetrics(metrics); err != nil {
 			return nil, err
 		}
@@ -96,8 +120,20 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
+	claimMetrics, err := newClaimMetrics(metrics, mgr)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName}
+	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics}
+	var server *metricsServer
+	if o.MetricsAddress != "" {
+		alive := func() error { return context.Cause(ctx) }
+		if server, err = serveMetrics(ctx, o.MetricsAddress, metrics, alive); err != nil {
+			cancel(err)
+			return nil, err
+		}
+	}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(slices.DriverName),
 		kubeletplugin.NodeName(o.Node.NodeName),
@@ -114,9 +150,10 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		cancel(err)
+		server.stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {
@@ -179,6 +216,7 @@ func (p *Plugin) Stop() {
 		<-p.driver.health.Done()
 	}
 	p.helper.Stop()
+	p.server.stop()
 }
 
 // Driver is the DRA interface the kubelet calls, for tests.
@@ -189,6 +227,29 @@ func (p *Plugin) Health() *health.Monitor { return p.driver.health }
 
 // Metrics is the registry holding the plugin's Prometheus metrics.
 func (p *Plugin) Metrics() *prometheus.Registry { return p.metrics }
+
+// MetricsAddress is the address /metrics is served at (the port chosen when
+// --metrics-address asked for port 0); empty when metrics are not served.
+func (p *Plugin) MetricsAddress() string {
+	if p.server == nil {
+		return ""
+	}
+	return p.server.addr
+}
+
+// withoutLost drops the GPUs discovery described from their last-known
+// description.
+func withoutLost(logger klog.Logger, gpus []discovery.GPU) []discovery.GPU {
+	out := gpus[:0:0]
+	for _, g := range gpus {
+		if g.Lost != "" {
+			logger.Info("GPU is lost and DeviceHealth is off, so nothing would taint it; not publishing it", "device", g.Name(), "uuid", g.UUID, "reason", g.Lost)
+			continue
+		}
+		out = append(out, g)
+	}
+	return out
+}
 
 // Manager exposes the claim state, for tests and diagnostics.
 func (p *Plugin) Manager() *prepare.Manager { return p.driver.claims }

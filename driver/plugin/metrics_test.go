@@ -1,0 +1,104 @@
+package plugin_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tessera-dev/tessera/driver/plugin"
+)
+
+// scrape GETs a path of the plugin's metrics server (10 s bound).
+func scrape(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// wantLines fails unless every line is in the exposition text.
+func wantLines(t *testing.T, body string, lines ...string) {
+	t.Helper()
+	have := map[string]bool{}
+	for _, l := range strings.Split(body, "\n") {
+		have[l] = true
+	}
+	for _, l := range lines {
+		if !have[l] {
+			t.Errorf("metrics lack %q", l)
+		}
+	}
+}
+
+func TestMetricsAreServedOnTheMetricsAddress(t *testing.T) {
+	h := startHealth(t, "pcie-l4x4")
+	if got := h.plugin.MetricsAddress(); got != "" {
+		t.Errorf("metrics served at %q without --metrics-address", got)
+	}
+	h.opts.MetricsAddress = "127.0.0.1:0" // a free loopback port
+	h.restart()
+	addr := h.plugin.MetricsAddress()
+	if !strings.HasPrefix(addr, "127.0.0.1:") || strings.HasSuffix(addr, ":0") {
+		t.Fatalf("metrics address %q, want the loopback port chosen", addr)
+	}
+	if code, body := scrape(t, addr, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+
+	if err := h.node.InjectXID(1, 48); err != nil {
+		t.Fatal(err)
+	}
+	h.awaitSlices("taint on gpu-1", func(m map[string][]string) bool { return len(m["gpu-1"]) > 0 })
+	c := h.claim("train", "gpu-2")
+	if _, errMsg := h.prepare(c); errMsg != "" {
+		t.Fatal(errMsg)
+	}
+	if _, errMsg := h.prepare(h.claim("rival", "gpu-2")); errMsg == "" {
+		t.Fatal("a second claim got gpu-2")
+	}
+	_, body := scrape(t, addr, "/metrics")
+	wantLines(t, body,
+		`tessera_device_healthy{gpu="gpu-0"} 1`,
+		`tessera_device_healthy{gpu="gpu-1"} 0`,
+		`tessera_prepare_total{result="success"} 1`,
+		`tessera_prepare_total{result="error"} 1`,
+		`tessera_prepare_duration_seconds_count 2`,
+		`tessera_prepared_devices 1`,
+	)
+	if resp, err := h.kubelet.Unprepare(h.ctx, c); err != nil || resp.Claims[string(c.UID)].Error != "" {
+		t.Fatalf("unprepare: %v %v", resp, err)
+	}
+	_, body = scrape(t, addr, "/metrics")
+	wantLines(t, body, `tessera_unprepare_total{result="success"} 1`, `tessera_prepared_devices 0`)
+
+	// Stopped with the plugin.
+	h.plugin.Stop()
+	if _, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics"); err == nil {
+		t.Error("metrics still served after Stop")
+	}
+}
+
+func TestMetricsAddressMustBeHostPort(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{{"", true}, {":8080", true}, {"127.0.0.1:9400", true}, {"8080", false}, {"localhost", false}} {
+		o := plugin.Options{CDIRoot: "/c", PluginDataDir: "/p", RegistrarDir: "/r", KubeAPIQPS: 1, KubeAPIBurst: 1, MetricsAddress: tc.addr}
+		o.Node.NodeName = nodeName
+		o.Node.FakeNode = "pcie-l4x4"
+		err := o.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("--metrics-address %q: error %v, want ok=%v", tc.addr, err, tc.ok)
+		}
+	}
+}
