@@ -21,3 +21,12 @@ NODES ?= gpu-node-1
 .PHONY: cluster-up
 cluster-up: cluster-bins
 	go run ./test/cmd/localcluster --nodes $(NODES)
+
+# Tessera end to end on a two-node local cluster (a simulated DGX H100 and a
+# PCIe server with four L4s): installs the DeviceClasses and RBAC, runs the
+# kubelet plugin per node, applies deployments/examples and prints where each
+# workload landed and what its container got; then tears everything down.
+# DEMO_FLAGS=--keep keeps the cluster dir and its logs.
+.PHONY: demo
+demo: cluster-bins
+	go run ./test/cmd/demo $(DEMO_FLAGS)
