@@ -168,6 +168,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		defer p.background.Done()
 		p.publish(healthCtx, o.Node.NodeName, inv, monitor)
 	}()
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		p.unprepareStale(healthCtx, client)
+	}()
 	logger.Info("Kubelet plugin started", "node", o.Node.NodeName, "devices", len(gpus), "deviceHealth", monitor != nil, "registrarDir", o.RegistrarDir, "pluginDataDir", o.PluginDataDir)
 	return p, nil
 }

@@ -1,0 +1,82 @@
+package plugin_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func specExists(h *harness, uid string) bool {
+	_, err := os.Stat(filepath.Join(h.opts.CDIRoot, "gpu.tessera.dev-gpu_"+uid+".json"))
+	return err == nil
+}
+
+// TestClaimsDeletedWhileThePluginWasDownAreUnprepared: the API server is the
+// source of truth for which prepared claims still exist.
+func TestClaimsDeletedWhileThePluginWasDownAreUnprepared(t *testing.T) {
+	h := start(t, "pcie-l4x4")
+	gone, kept := h.claim("gone", "gpu-0"), h.claim("kept", "gpu-1")
+	if _, msg := h.prepare(gone); msg != "" {
+		t.Fatal(msg)
+	}
+	if _, msg := h.prepare(kept); msg != "" {
+		t.Fatal(msg)
+	}
+	h.plugin.Stop()
+	if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for specExists(h, "uid-gone") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if specExists(h, "uid-gone") {
+		t.Fatal("the deleted claim's CDI spec is still there")
+	}
+	prepared := h.plugin.Manager().PreparedClaims()
+	if _, ok := prepared["uid-gone"]; ok {
+		t.Error("the deleted claim is still prepared")
+	}
+	if _, ok := prepared["uid-kept"]; !ok || !specExists(h, "uid-kept") {
+		t.Error("a claim the API server still has was unprepared")
+	}
+}
+
+// TestNothingIsUnpreparedWhenTheAPIServerIsUnreachable: not knowing is not
+// a reason to take a running pod's GPU away.
+func TestNothingIsUnpreparedWhenTheAPIServerIsUnreachable(t *testing.T) {
+	h := start(t, "pcie-l4x4")
+	c := h.claim("held", "gpu-2")
+	if _, msg := h.prepare(c); msg != "" {
+		t.Fatal(msg)
+	}
+	h.plugin.Stop()
+	if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, "held", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gets := make(chan struct{}, 100)
+	h.client.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case gets <- struct{}{}:
+		default:
+		}
+		return true, nil, errors.New("connection refused")
+	})
+	h.restart()
+	select {
+	case <-gets:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin never asked the API server about its prepared claim")
+	}
+	time.Sleep(200 * time.Millisecond) // let a wrong unprepare happen, if it would
+	if _, ok := h.plugin.Manager().PreparedClaims()["uid-held"]; !ok || !specExists(h, "uid-held") {
+		t.Error("a claim was unprepared because the API server could not be reached")
+	}
+}
