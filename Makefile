@@ -18,7 +18,7 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin
 
-.PHONY: all build test unit lint fmt vet staticcheck demo fuzz clean
+.PHONY: all build test unit lint fmt vet staticcheck demo fuzz bench clean
 
 all: build
 
@@ -44,6 +44,12 @@ fuzz:
 	$(GO) test ./driver/checkpoint -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./cdi -run '^$$' -fuzz FuzzWriteSpec -fuzztime $(FUZZTIME)
 	$(GO) test ./api/gpu/v1alpha1 -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+
+# bench runs the benchmarks; figures are ratios measured within one run
+# (the machines are shared and noisy).
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./driver/slices/
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./driver/prepare/
 
 lint: fmt vet staticcheck
 
