@@ -33,6 +33,7 @@ include test/cluster.mk
 # targets' seed corpora. Tests never skip: a missing prerequisite fails them.
 test: cluster-bins
 	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -tags faultinject ./driver/prepare/
 
 # unit runs what needs no cluster binaries.
 unit:
@@ -58,6 +59,7 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags faultinject ./driver/prepare/
 
 $(STATICCHECK):
 	@mkdir -p $(TOOLS)
@@ -66,6 +68,7 @@ $(STATICCHECK):
 
 staticcheck: $(STATICCHECK)
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags faultinject ./driver/prepare/
 
 clean:
 	rm -rf $(OUTPUT)

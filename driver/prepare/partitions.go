@@ -33,6 +33,7 @@ func (m *Manager) createPartition(rec *checkpoint.MIGPartition) error {
 		return err
 	}
 	rec.GPUInstance, rec.ComputeInstance, rec.UUID = inst.GPUInstanceID, inst.ComputeInstanceID, inst.UUID
+	failpoint(fpMIGCreate)
 	return nil
 }
 
@@ -49,6 +50,7 @@ func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
 		if err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileID, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}); err != nil {
 			return fmt.Errorf("device %s: destroy MIG partition: %w", d.Device, err)
 		}
+		failpoint(fpMIGDestroy)
 	}
 	return nil
 }

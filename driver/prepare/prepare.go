@@ -55,6 +55,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 		m.mu.Unlock()
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
+	failpoint(fpPrepareStarted)
 
 	prepared, err := m.materialize(claim, want)
 	if err != nil {
@@ -71,6 +72,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 		// restart rolls it back, and the kubelet retries.
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
+	failpoint(fpPrepareCompleted)
 	return results(prepared), nil
 }
 
@@ -93,10 +95,12 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	if err := m.persist(v); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
+	failpoint(fpUnprepareStarted)
 
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
+	failpoint(fpCDIRemove)
 	if err := m.destroyPartitions(c.Devices); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
@@ -109,6 +113,7 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	if err := m.persist(v); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
+	failpoint(fpUnprepareCompleted)
 	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
 	return nil
 }
@@ -238,6 +243,7 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 	if err != nil {
 		return nil, err
 	}
+	failpoint(fpCDIWrite)
 	for i := range out {
 		out[i].CDIDeviceIDs = []string{ids[out[i].Device]}
 	}

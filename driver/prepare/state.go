@@ -26,6 +26,9 @@
 //     leaves the checkpoint. At start, partitions on dynamic-MIG GPUs that no
 //     checkpointed claim holds are destroyed, each with a log line: after a
 //     crash or a lost checkpoint nothing leaks.
+//   - Named failure points (failpoint_names.go), armed only in builds with
+//     the faultinject tag, let tests kill a prepare or unprepare after each
+//     step and check that a restart converges.
 package prepare
 
 import (
