@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/test/cluster"
@@ -184,9 +185,16 @@ func waitForPod(ctx context.Context, t *testing.T, c *cluster.Cluster, name, wha
 // timeout the test fails with the pod's last status.
 func waitForPodIn(ctx context.Context, t *testing.T, c *cluster.Cluster, namespace, name, what string, done func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
+	return pollPod(ctx, t, c.Client(), namespace, name, what, time.Minute, done, nil)
+}
+
+// pollPod polls a pod until done accepts it and returns it; on timeout the
+// test fails with the pod's last status and, when given, more context.
+func pollPod(ctx context.Context, t testing.TB, client kubernetes.Interface, ns, name, what string, timeout time.Duration, done func(*corev1.Pod) bool, more func() string) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := c.Client().CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -198,7 +206,11 @@ func waitForPodIn(ctx context.Context, t *testing.T, c *cluster.Cluster, namespa
 		if pod != nil {
 			status = pod.Status
 		}
-		t.Fatalf("pod %s/%s not %s: %v; last status: %+v", namespace, name, what, err, status)
+		extra := ""
+		if more != nil {
+			extra = "\n" + more()
+		}
+		t.Fatalf("pod %s/%s not %s within %v: %v\nlast status: %+v%s", ns, name, what, timeout, err, status, extra)
 	}
 	return pod
 }

@@ -223,23 +223,7 @@ func (c *tesseraCluster) waitRunning(ctx context.Context, t testing.TB, ns, name
 // with the pod's last status and events.
 func (c *tesseraCluster) waitForPod(ctx context.Context, t testing.TB, ns, name, what string, timeout time.Duration, done func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
-	var pod *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		p, err := c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		pod = p
-		return done(p), nil
-	})
-	if err != nil {
-		var status any
-		if pod != nil {
-			status = pod.Status
-		}
-		t.Fatalf("pod %s/%s not %s within %v: %v\nlast status: %+v\nevents:\n%s", ns, name, what, timeout, err, status, c.events(ctx, ns))
-	}
-	return pod
+	return pollPod(ctx, t, c.Client(), ns, name, what, timeout, done, func() string { return "events:\n" + c.events(ctx, ns) })
 }
 
 // events formats a namespace's events, for failure messages.
