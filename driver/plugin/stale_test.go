@@ -33,8 +33,14 @@ func TestClaimsDeletedWhileThePluginWasDownAreUnprepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.restart()
+	// The unprepare runs in the background: wait for its last step, the
+	// claim leaving the plugin's record.
+	stillPrepared := func() bool {
+		_, ok := h.plugin.Manager().PreparedClaims()["uid-gone"]
+		return ok
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for specExists(h, "uid-gone") && time.Now().Before(deadline) {
+	for stillPrepared() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if specExists(h, "uid-gone") {
