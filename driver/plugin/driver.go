@@ -31,6 +31,9 @@ type Driver struct {
 	pool string
 	// metrics count prepares and unprepares; nil means none.
 	metrics *claimMetrics
+	// partitionsRefused is signalled when the API server drops the fields
+	// of partitionable devices: the publisher then falls back to static MIG.
+	partitionsRefused chan struct{}
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -73,8 +76,13 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRAPartitionableDevices") {
 		// An API server without partitionable devices strips the MIG
-		// counters: the scheduler could then hand out overlapping partitions.
-		err = fmt.Errorf("%w: the API server does not serve partitionable devices; restart the plugin with --feature-gates=DynamicMIG=false (MIG devices an operator creates are then published instead), or enable DRAPartitionableDevices on the API server", err)
+		// counters: the scheduler could then hand out overlapping
+		// partitions. Stop offering them at once.
+		err = fmt.Errorf("%w: the API server does not serve partitionable devices; falling back to publishing the MIG devices an operator creates (as with --feature-gates=DynamicMIG=false); enable DRAPartitionableDevices on the API server for dynamic MIG", err)
+		select {
+		case d.partitionsRefused <- struct{}{}:
+		default:
+		}
 	}
 	runtime.HandleErrorWithContext(ctx, err, msg)
 	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {

@@ -58,7 +58,7 @@ func start(t *testing.T, profile string) *harness {
 // startWith runs the plugin with options a test adjusts (dir is the test's
 // short scratch directory), registered with a simulated kubelet, against a
 // fake API server holding this node.
-func startWith(t *testing.T, adjust func(dir string, o *plugin.Options)) *harness {
+func startWith(t *testing.T, adjust func(dir string, o *plugin.Options), apiServer ...func(*fake.Clientset)) *harness {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -94,6 +94,9 @@ func startWith(t *testing.T, adjust func(dir string, o *plugin.Options)) *harnes
 		}
 		return false, nil, nil
 	})
+	for _, f := range apiServer {
+		f(h.client)
+	}
 	if err := h.opts.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics}
+	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, partitionsRefused: make(chan struct{}, 1)}
 	var server *metricsServer
 	if o.MetricsAddress != "" {
 		alive := func() error { return context.Cause(ctx) }
@@ -166,7 +166,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	p.background.Add(1)
 	go func() {
 		defer p.background.Done()
-		p.publish(healthCtx, o.Node.NodeName, inv, monitor)
+		p.publish(healthCtx, o.Node.NodeName, gpus, inv, monitor)
 	}()
 	p.background.Add(1)
 	go func() {
@@ -177,10 +177,12 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	return p, nil
 }
 
-// publish publishes the node's devices, and again with the new taints each
-// time a device's health changes, until ctx ends.
-func (p *Plugin) publish(ctx context.Context, nodeName string, inv *inventory.Inventory, monitor *health.Monitor) {
-	publish := func(taints map[string][]resourceapi.DeviceTaint) {
+// publish publishes the node's devices, again with the new taints each time
+// a device's health changes, and with static MIG if the API server turns out
+// not to serve partitionable devices, until ctx ends.
+func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.GPU, inv *inventory.Inventory, monitor *health.Monitor) {
+	var taints map[string][]resourceapi.DeviceTaint
+	publish := func() {
 		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
 		if err == nil {
 			err = p.helper.PublishResources(ctx, res)
@@ -189,18 +191,28 @@ func (p *Plugin) publish(ctx context.Context, nodeName string, inv *inventory.In
 			p.driver.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
 		}
 	}
-	if monitor == nil {
-		publish(nil)
-		return
+	var changes <-chan health.Snapshot // stays nil without health: never ready
+	if monitor != nil {
+		var unsubscribe func()
+		changes, unsubscribe = monitor.Subscribe() // delivers the current state first
+		defer unsubscribe()
+	} else {
+		publish()
 	}
-	changes, unsubscribe := monitor.Subscribe()
-	defer unsubscribe()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case s := <-changes:
-			publish(s.Taints())
+			taints = s.Taints()
+			publish()
+		case <-p.driver.partitionsRefused:
+			if len(inv.CounterSets) == 0 {
+				continue
+			}
+			inv = inventory.Build(gpus, inventory.Options{DynamicMIG: false})
+			p.driver.claims.SetInventory(inv)
+			publish()
 		}
 	}
 }

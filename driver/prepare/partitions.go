@@ -58,7 +58,7 @@ func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
 // destroyOrphanPartitions removes, on GPUs whose MIG layout Tessera owns,
 // every partition no checkpointed claim holds.
 func (m *Manager) destroyOrphanPartitions(ctx context.Context, data checkpoint.Data) error {
-	if m.cfg.MIG == nil || m.cfg.Inventory == nil {
+	if m.cfg.MIG == nil || m.inventory() == nil {
 		return nil
 	}
 	owned := map[string]bool{}
@@ -69,7 +69,7 @@ func (m *Manager) destroyOrphanPartitions(ctx context.Context, data checkpoint.D
 			}
 		}
 	}
-	for _, g := range m.cfg.Inventory.CounterSets {
+	for _, g := range m.inventory().CounterSets {
 		insts, err := m.cfg.MIG.Instances(g.UUID)
 		if err != nil {
 			return fmt.Errorf("GPU %s: list MIG instances: %w", g.Name(), err)

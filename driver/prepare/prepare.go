@@ -14,6 +14,7 @@ import (
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 )
 
 // Prepare makes the claim's devices on this node usable by containers and
@@ -129,7 +130,7 @@ func (m *Manager) allocatedHere(claim *resourceapi.ResourceClaim) ([]checkpoint.
 		if r.Driver != m.cfg.DriverName || r.Pool != m.cfg.PoolName {
 			continue
 		}
-		d, ok := m.cfg.Inventory.Lookup(r.Device)
+		d, ok := m.inventory().Lookup(r.Device)
 		if !ok {
 			return nil, fmt.Errorf("allocated device %s does not exist on node %s; it may have been published by an earlier configuration of the plugin: delete the claim to have it allocated again", r.Device, m.cfg.PoolName)
 		}
@@ -154,12 +155,12 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 			h := m.data.Claims[string(holder)]
 			return fmt.Errorf("claim %s: device %s is already prepared for claim %s (%s); unprepare it first", ref, d.Device, claimRef(h.Namespace, h.Name), holder)
 		}
-		want, _ := m.cfg.Inventory.Lookup(d.Device)
+		want, _ := m.inventory().Lookup(d.Device)
 		for held, holder := range m.owners {
 			if holder == uid {
 				continue
 			}
-			if h, ok := m.cfg.Inventory.Lookup(held); ok && inventory.Overlap(want, h) {
+			if m.overlapsHeld(want, held, holder) {
 				c := m.data.Claims[string(holder)]
 				return fmt.Errorf("claim %s: device %s shares GPU %s with device %s, already prepared for claim %s (%s); unprepare it first", ref, d.Device, want.GPU.Name(), held, claimRef(c.Namespace, c.Name), holder)
 			}
@@ -171,6 +172,23 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 		}
 	}
 	return nil
+}
+
+// overlapsHeld says whether want uses hardware of device held (prepared for
+// holder). A held partition the inventory no longer lists (after a fallback
+// from dynamic MIG) is located by its checkpointed record; m.mu held.
+func (m *Manager) overlapsHeld(want inventory.Device, held string, holder types.UID) bool {
+	if h, ok := m.inventory().Lookup(held); ok {
+		return inventory.Overlap(want, h)
+	}
+	for _, d := range m.data.Claims[string(holder)].Devices {
+		if d.Device != held || d.MIG == nil || d.MIG.GPUUUID != want.GPU.UUID {
+			continue
+		}
+		rec := inventory.Device{Name: held, Kind: inventory.Partition, GPU: want.GPU, Placement: mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}}
+		return inventory.Overlap(want, rec)
+	}
+	return false
 }
 
 // release gives up the claim's devices; m.mu held.
@@ -223,7 +241,10 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 			continue // one device may serve several requests
 		}
 		seen[d.Device] = true
-		inv, _ := m.cfg.Inventory.Lookup(d.Device)
+		inv, ok := m.inventory().Lookup(d.Device)
+		if !ok {
+			return nil, fmt.Errorf("device %s is no longer published on this node", d.Device)
+		}
 		dev, uuid, err := m.containerDevice(inv, d)
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", d.Device, err)

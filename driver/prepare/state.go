@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -80,6 +81,9 @@ type Partitioner interface {
 // Manager prepares and unprepares claims.
 type Manager struct {
 	cfg Config
+	// inv is what the node publishes now; it changes when the plugin falls
+	// back from dynamic MIG (SetInventory).
+	inv atomic.Pointer[inventory.Inventory]
 
 	claimLocks keyedMutex
 
@@ -96,6 +100,7 @@ type Manager struct {
 // Recover.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{cfg: cfg, owners: map[string]types.UID{}}
+	m.inv.Store(cfg.Inventory)
 	if err := m.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -181,7 +186,7 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 				CDIDeviceIDs: []string{cdi.DeviceID(s.ClaimUID, d.Name)},
 			}
 			// Keep the partition's record, or it would be taken for an orphan.
-			if inv, ok := m.cfg.Inventory.Lookup(d.Name); ok {
+			if inv, ok := m.inventory().Lookup(d.Name); ok {
 				dev.MIG = migRecord(inv)
 			}
 			c.Devices = append(c.Devices, dev)
@@ -207,7 +212,14 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 }
 
 // Inventory is what the node hands out.
-func (m *Manager) Inventory() *inventory.Inventory { return m.cfg.Inventory }
+func (m *Manager) Inventory() *inventory.Inventory { return m.inventory() }
+
+func (m *Manager) inventory() *inventory.Inventory { return m.inv.Load() }
+
+// SetInventory replaces what the node hands out, for new prepares. Claims
+// already prepared keep their devices: each checkpointed partition carries
+// its own location, so unprepare does not depend on the inventory.
+func (m *Manager) SetInventory(inv *inventory.Inventory) { m.inv.Store(inv) }
 
 // PreparedClaims returns the UIDs of the claims currently prepared.
 func (m *Manager) PreparedClaims() map[types.UID]checkpoint.Claim {

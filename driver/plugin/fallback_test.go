@@ -1,0 +1,98 @@
+package plugin_test
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/plugin"
+)
+
+// withoutPartitionableDevices makes the fake API server drop the fields of
+// partitionable devices, as one with DRAPartitionableDevices off does.
+func withoutPartitionableDevices(c *fake.Clientset) {
+	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		// Create and update actions both carry the object.
+		a, ok := action.(interface{ GetObject() runtime.Object })
+		if !ok {
+			return false, nil, nil
+		}
+		if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
+			s.Spec.SharedCounters = nil
+			for i := range s.Spec.Devices {
+				s.Spec.Devices[i].ConsumesCounters = nil
+			}
+		}
+		return false, nil, nil
+	}
+	c.PrependReactor("create", "resourceslices", strip)
+	c.PrependReactor("update", "resourceslices", strip)
+}
+
+// TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices: without
+// counters the scheduler could hand out overlapping partitions, so the
+// plugin stops offering partitions and publishes whole GPUs instead.
+func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing.T) {
+	h := startWith(t, func(dir string, o *plugin.Options) {
+		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "dgx-h100", FakeRoot: filepath.Join(dir, "host")}
+	})
+	// A partition prepared while the API server still kept the counters
+	// keeps its GPU from whole use after the fallback.
+	if _, msg := h.prepare(h.claim("early", "gpu-1-mig-1g10gb-6")); msg != "" {
+		t.Fatal(msg)
+	}
+	h.plugin.Stop()
+	// The node's slices are gone (as when a kubelet restarts) and the API
+	// server it comes back to drops partitionable devices.
+	list, err := h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list.Items {
+		if err := h.client.ResourceV1().ResourceSlices().Delete(h.ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withoutPartitionableDevices(h.client)
+	h.restart()
+	var names []string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		list, err := h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, s := range list.Items {
+			for _, d := range s.Spec.Devices {
+				names = append(names, d.Name)
+			}
+		}
+		if len(names) == 8 && !slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, "-mig-") }) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	slices.Sort(names)
+	if want := []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"}; !slices.Equal(names, want) {
+		t.Fatalf("published %v after the fallback, want only the whole GPUs %v", names, want)
+	}
+	if _, msg := h.prepare(h.claim("part", "gpu-0-mig-1g10gb-6")); !strings.Contains(msg, "does not exist on node") {
+		t.Errorf("a partition was prepared after the fallback: %q", msg)
+	}
+	if _, msg := h.prepare(h.claim("whole", "gpu-0")); msg != "" {
+		t.Errorf("whole GPU after the fallback: %s", msg)
+	}
+	if _, msg := h.prepare(h.claim("under", "gpu-1")); !strings.Contains(msg, "shares GPU gpu-1 with device gpu-1-mig-1g10gb-6") {
+		t.Errorf("whole gpu-1 while its partition is held: %q", msg)
+	}
+}
