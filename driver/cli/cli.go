@@ -26,7 +26,7 @@ func NewCommand() *cobra.Command {
 		Short:        "Inspect and troubleshoot the Tessera GPU DRA driver",
 		SilenceUsage: true,
 	}
-	root.AddCommand(newInspectCommand())
+	root.AddCommand(newInspectCommand(), newExplainCommand())
 	return root
 }
 

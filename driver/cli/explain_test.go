@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/deviceclass"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/test/fixtures"
+)
+
+func gpuClaim(name string, count int64, match string) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name}}
+	c.UID = types.UID("uid-" + c.Name)
+	c.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{
+		DeviceClassName: "gpu.tessera.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count,
+	}}}
+	if match != "" {
+		c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"gpus"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(match))}}
+	}
+	return c
+}
+
+// TestExplainSaysWhatEachNodeLacks: a pending claim for five GPUs on one
+// NVLink domain, on an L4 node (four GPUs, two taken) and a DGX split into
+// two NVLink islands of four: each node is told its own shortfall.
+func TestExplainSaysWhatEachNodeLacks(t *testing.T) {
+	var objs []runtime.Object
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		objs = append(objs, c)
+	}
+	split := fixtures.Profile(t, "dgx-h100")
+	split.NVLinkIslands = [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}
+	for _, s := range append(fixtures.Slices(t, fixtures.Profile(t, "pcie-l4x4"), "l4", inventory.Options{}), fixtures.Slices(t, split, "dgx", inventory.Options{})...) {
+		objs = append(objs, s)
+	}
+	taken := gpuClaim("taken", 2, "")
+	taken.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "gpus", Driver: "gpu.tessera.dev", Pool: "l4", Device: "gpu-0"},
+		{Request: "gpus", Driver: "gpu.tessera.dev", Pool: "l4", Device: "gpu-1"},
+	}}}
+	objs = append(objs, taken, gpuClaim("big", 5, "gpu.tessera.dev/nvlinkDomain"), gpuClaim("small", 1, ""))
+	client := fake.NewClientset(objs...)
+
+	var out bytes.Buffer
+	if err := Explain(context.Background(), &out, client, "ml", "big"); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Log("\n" + got)
+	for _, want := range []string{
+		"l4: does not fit: request gpus needs 5, 4 devices match its class and selectors, 2 of them free",
+		"dgx: does not fit: enough free devices match each request, but not together",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("explain output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Index(got, "dgx:") > strings.Index(got, "l4:") {
+		t.Errorf("the closest node (dgx, short only a constraint) is not listed first:\n%s", got)
+	}
+
+	out.Reset()
+	if err := Explain(context.Background(), &out, client, "ml", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "dgx: fits now") || !strings.Contains(out.String(), "l4: fits now") {
+		t.Errorf("a one-GPU claim should fit on both nodes:\n%s", out.String())
+	}
+	out.Reset()
+	if err := Explain(context.Background(), &out, client, "ml", "taken"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "is allocated") || !strings.Contains(out.String(), "l4/gpu-1") {
+		t.Errorf("an allocated claim should show its devices:\n%s", out.String())
+	}
+}
