@@ -31,6 +31,9 @@ type Driver struct {
 	pool string
 	// metrics count prepares and unprepares; nil means none.
 	metrics *claimMetrics
+	// shared is set in a rolling update: every call then reloads the
+	// checkpoint another instance may have changed.
+	shared *sharedState
 	// partitionsRefused is signalled when the API server drops the fields
 	// of partitionable devices: the publisher then falls back to static MIG.
 	partitionsRefused chan struct{}
@@ -41,6 +44,9 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // PrepareResourceClaims prepares each claim independently; one claim's
 // failure does not fail the others.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	if err := d.reloadShared(); err != nil {
+		return nil, err
+	}
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		began := time.Now()
@@ -53,6 +59,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // UnprepareResourceClaims releases each claim; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	if err := d.reloadShared(); err != nil {
+		return nil, err
+	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		err := d.claims.Unprepare(ctx, c.UID)
@@ -68,6 +77,16 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		return nil, err
 	}
 	return d.claims.Prepare(ctx, c)
+}
+
+// reloadShared starts a call from the checkpoint on disk when another
+// instance shares it (rolling update); kubeletplugin holds the shared lock
+// around the call.
+func (d *Driver) reloadShared() error {
+	if d.shared == nil {
+		return nil
+	}
+	return d.claims.Reload()
 }
 
 // HandleError logs background errors; unrecoverable ones stop the plugin so

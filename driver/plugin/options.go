@@ -58,7 +58,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 	o.FeatureGates.AddFlag(fs)
 	fs.StringVar(&o.MetricsAddress, "metrics-address", env("METRICS_ADDRESS", ""), "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing. Use a loopback or pod-network address (\"127.0.0.1:8080\", \":8080\" listens on every interface). Environment: METRICS_ADDRESS.")
-	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode. Two instances do not yet share prepared state: avoid overlapping them on a node (docs/guarantees.md). Environment: POD_UID.")
+	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side, calls are serialised across them by a file lock and each starts from the checkpoint on disk. Environment: POD_UID.")
 }
 
 // Validate checks the options before anything starts.

@@ -113,10 +113,21 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
+	// In a rolling update the other instance may be serving: recover under
+	// the lock both hold around every call.
+	var shared *sharedState
+	if o.PodUID != "" {
+		shared = &sharedState{lockPath: filepath.Join(o.PluginDataDir, serializeLockFile)}
+	}
+	unlockRecovery, err := shared.lock()
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
 	})
+	unlockRecovery()
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
@@ -125,7 +136,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, partitionsRefused: make(chan struct{}, 1)}
+	d := &Driver{shared: shared, claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, partitionsRefused: make(chan struct{}, 1)}
 	var server *metricsServer
 	if o.MetricsAddress != "" {
 		alive := func() error { return context.Cause(ctx) }
@@ -141,11 +152,14 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(o.PluginDataDir),
 		// The state machine locks per claim; serialising every call behind
-		// one lock would make independent pods wait for each other.
-		kubeletplugin.Serialize(false),
+		// one lock would make independent pods wait for each other. Only
+		// in a rolling update, when two instances share the node's state,
+		// are calls serialised (across both, by file lock) and each starts
+		// from the checkpoint on disk.
+		kubeletplugin.Serialize(shared != nil),
 	}
-	if o.PodUID != "" {
-		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)))
+	if shared != nil {
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)), kubeletplugin.FlockDirectoryPath(o.PluginDataDir))
 	}
 	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {

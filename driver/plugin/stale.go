@@ -22,6 +22,16 @@ const staleInterval = time.Minute
 func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		logger := klog.FromContext(ctx)
+		unlock, err := p.driver.shared.lock()
+		if err != nil {
+			logger.Error(err, "Cannot check prepared claims against the API server")
+			return
+		}
+		defer unlock()
+		if err := p.driver.reloadShared(); err != nil {
+			logger.Error(err, "Cannot check prepared claims against the API server")
+			return
+		}
 		for uid, c := range p.driver.claims.PreparedClaims() {
 			claim, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
 			switch {

@@ -211,6 +211,35 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 	return nil
 }
 
+// Reload replaces the in-memory state with the checkpoint on disk. Two
+// plugin instances serve side by side during a rolling update: the kubelet
+// may prepare a claim through one and unprepare it through the other, so in
+// that mode every call starts from what is on disk (under a lock shared by
+// both instances) instead of from this process's memory.
+func (m *Manager) Reload() error {
+	m.fileMu.Lock()
+	defer m.fileMu.Unlock()
+	data, err := m.cfg.Checkpoint.Load()
+	if err != nil {
+		return fmt.Errorf("reload prepared claims: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.data = data
+	m.owners = map[string]types.UID{}
+	for uid, c := range data.Claims {
+		for _, d := range c.Devices {
+			if !d.AdminAccess {
+				m.owners[d.Device] = types.UID(uid)
+			}
+		}
+	}
+	// What is in memory is what is on disk.
+	m.version++
+	m.written = m.version
+	return nil
+}
+
 // Inventory is what the node hands out.
 func (m *Manager) Inventory() *inventory.Inventory { return m.inventory() }
 

@@ -43,6 +43,12 @@ func Register(ctx context.Context, registrarDir string) (*Kubelet, error) {
 	if err != nil {
 		return nil, err
 	}
+	return RegisterAt(ctx, sock)
+}
+
+// RegisterAt registers the plugin behind one registration socket, for a
+// registration directory that holds several (a rolling update).
+func RegisterAt(ctx context.Context, sock string) (*Kubelet, error) {
 	reg, err := dial(sock)
 	if err != nil {
 		return nil, err
