@@ -3,7 +3,6 @@ package plugin_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"sort"
 	"testing"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
-	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/driver/simulate"
 )
@@ -45,14 +43,7 @@ func startHealth(t *testing.T, profile string, gates ...string) *healthHarness {
 		}
 	}
 	clk := testingclock.NewFakeClock(healthStart)
-	var n *fakenode.Node
-	h := startWith(t, func(dir string, o *plugin.Options) {
-		var err error
-		n, err = fakenode.New(profile, fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
+	h, n := startOnFakeNode(t, profile, func(o *plugin.Options) {
 		o.Health = health.Options{QuietPeriod: healthQuiet, ProbeInterval: time.Second, WaitTimeout: 10 * time.Millisecond, Clock: clk}
 		o.FeatureGates = fg
 	})

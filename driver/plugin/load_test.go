@@ -13,10 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
-	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
-	"github.com/tessera-dev/tessera/driver/nodeopen"
-	"github.com/tessera-dev/tessera/driver/plugin"
 )
 
 // TestPrepareUnderLoadNeverDoubleHoldsHardware runs 1,000 prepare/unprepare
@@ -25,15 +22,7 @@ import (
 // no piece of hardware is ever held by two claims and nothing leaks (claims,
 // CDI specs, MIG instances).
 func TestPrepareUnderLoadNeverDoubleHoldsHardware(t *testing.T) {
-	var n *fakenode.Node
-	h := startWith(t, func(dir string, o *plugin.Options) {
-		var err error
-		n, err = fakenode.New("dgx-h100", fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
-	})
+	h, n := startOnFakeNode(t, "dgx-h100", nil)
 	inv := h.plugin.Manager().Inventory()
 	// Whole GPUs and two profiles of partitions: claims collide, by name,
 	// by placement, and whole against partition.

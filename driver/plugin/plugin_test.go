@@ -19,6 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/test/kubeletsim"
@@ -53,6 +54,25 @@ func start(t *testing.T, profile string) *harness {
 	return startWith(t, func(dir string, o *plugin.Options) {
 		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: profile, FakeRoot: filepath.Join(dir, "host")}
 	})
+}
+
+// startOnFakeNode runs the plugin on a fake node the test keeps, to drive
+// or inspect its NVML; adjust, if given, changes further options.
+func startOnFakeNode(t *testing.T, profile string, adjust func(o *plugin.Options), apiServer ...func(*fake.Clientset)) (*harness, *fakenode.Node) {
+	t.Helper()
+	var n *fakenode.Node
+	h := startWith(t, func(dir string, o *plugin.Options) {
+		var err error
+		n, err = fakenode.New(profile, fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
+		if adjust != nil {
+			adjust(o)
+		}
+	}, apiServer...)
+	return h, n
 }
 
 // startWith runs the plugin with options a test adjusts (dir is the test's

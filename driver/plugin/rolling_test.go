@@ -13,8 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/tessera-dev/tessera/driver/fakenode"
-	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/test/kubeletsim"
 )
@@ -26,16 +24,7 @@ import (
 // prepared by the old instance is unprepared by the new one — under
 // concurrent calls to both.
 func TestRollingUpdateInstancesShareTheNodeState(t *testing.T) {
-	var n *fakenode.Node
-	h := startWith(t, func(dir string, o *plugin.Options) {
-		var err error
-		n, err = fakenode.New("dgx-h100", fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: nodeName})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Node = nodeopen.Options{NodeName: nodeName, Opened: &n.Node}
-		o.PodUID = "old-pod"
-	})
+	h, n := startOnFakeNode(t, "dgx-h100", func(o *plugin.Options) { o.PodUID = "old-pod" })
 	newOpts := h.opts
 	newOpts.PodUID = "new-pod"
 	newer, err := plugin.Start(h.ctx, newOpts, h.client)
