@@ -255,9 +255,17 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 	if len(spec.Devices) == 0 {
 		return out, nil
 	}
+	env := []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(visible, ",")}
+	if m.cfg.ClaimEnv != nil {
+		extra, err := m.cfg.ClaimEnv(claim)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, extra...)
+	}
 	spec.Common = cdi.Edits{
 		DeviceNodes: m.cfg.DevNodes.Control(),
-		Env:         []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(visible, ",")},
+		Env:         env,
 		Mounts:      m.cfg.DriverFiles.Mounts,
 	}
 	ids, err := m.cfg.CDI.Write(spec)

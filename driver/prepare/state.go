@@ -40,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -68,6 +69,10 @@ type Config struct {
 	DriverFiles cdi.Edits
 	// BootID is the current boot's ID.
 	BootID string
+	// ClaimEnv, if set, adds environment for every container given the
+	// claim (the gang controller's rank and size, read from the claim's
+	// annotations). An error fails the prepare.
+	ClaimEnv func(*resourceapi.ResourceClaim) ([]string, error)
 }
 
 // Partitioner creates and destroys MIG partitions (mig.Manager).
