@@ -54,6 +54,17 @@ type Claim struct {
 	Name      string   `json:"name"`
 	Phase     Phase    `json:"phase"`
 	Devices   []Device `json:"devices"`
+	// MPS is the claim's MPS control daemon, recorded with the
+	// PrepareStarted mark before it is started.
+	MPS *MPSDaemon `json:"mps,omitempty"`
+}
+
+// MPSDaemon locates a claim's MPS control daemon.
+type MPSDaemon struct {
+	// Pod is the daemon's pod, in the plugin's namespace.
+	Pod string `json:"pod"`
+	// Dir holds the daemon's pipe, log and shared-memory directories.
+	Dir string `json:"dir"`
 }
 
 // Device is one allocated device as prepared for a claim.
@@ -67,6 +78,30 @@ type Device struct {
 	// with the PrepareStarted mark, before the partition exists, so that a
 	// crash at any point can be rolled back from the checkpoint alone.
 	MIG *MIGPartition `json:"mig,omitempty"`
+	// ShareID is set when the device is one share of a device several
+	// claims hold at once (time slices, memory shares).
+	ShareID string `json:"shareID,omitempty"`
+	// MemoryBytes is the memory a shared device's claim was granted.
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// GPU is the UUID of the GPU the settings below apply to.
+	GPU string `json:"gpu,omitempty"`
+	// Settings are what the claim's configuration asks of the GPU.
+	Settings *Settings `json:"settings,omitempty"`
+}
+
+// Settings are GPU settings a claim needs while it holds the GPU.
+type Settings struct {
+	// ComputeMode is "Default" (time-slicing) or "ExclusiveProcess" (MPS).
+	ComputeMode string `json:"computeMode,omitempty"`
+	// PowerLimitMW caps the board's power, in milliwatts.
+	PowerLimitMW uint32 `json:"powerLimitMW,omitempty"`
+}
+
+// GPUOriginal is what a GPU's settings were before Tessera changed them,
+// recorded before the change and restored when no claim needs it any more.
+type GPUOriginal struct {
+	ComputeMode  *string `json:"computeMode,omitempty"`
+	PowerLimitMW *uint32 `json:"powerLimitMW,omitempty"`
 }
 
 // MIGPartition locates a MIG partition on its GPU.
@@ -87,6 +122,9 @@ type Data struct {
 	BootID string `json:"bootID"`
 	// Claims by claim UID.
 	Claims map[string]Claim `json:"claims"`
+	// GPUs holds, by GPU UUID, the settings Tessera changed and must
+	// restore.
+	GPUs map[string]GPUOriginal `json:"gpus,omitempty"`
 }
 
 // envelope is the on-disk form: the payload is kept as raw bytes so the

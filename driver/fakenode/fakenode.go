@@ -33,6 +33,8 @@ type Node struct {
 	// events injects GPU faults (events.go).
 	events *events
 	log    *callLog
+	// settings are each GPU's power limit and compute mode.
+	settings []*settings
 }
 
 // Options says where and as whom a fake node lives.
@@ -76,11 +78,13 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		devs[i] = d.(*server.Device)
 	}
 	log := &callLog{}
+	settings := make([]*settings, len(devs))
 	for i, d := range devs {
 		d.UUID = "GPU-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/%s/%d", opts.NodeName, p.Name, i)).String()
 		d.PciBusID = p.GPUs[i].BusID
 		complete(d, i, p, devs, island)
 		completeMIG(d, i, p, log, func() string { return d.UUID })
+		settings[i] = completeSettings(d, i, p, log)
 		if slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0 {
 			if err := createStatic(d, p.MIGInstances[i]); err != nil {
 				return nil, fmt.Errorf("fake node %s: gpu-%d: %w", p.Name, i, err)
@@ -91,11 +95,12 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("fake node %s: write host tree: %w", p.Name, err)
 	}
 	return &Node{
-		Node:    gpulib.Node{NVML: srv, HostRoot: opts.Dir, DriverRoot: opts.Dir, Profile: p.Name},
-		Server:  srv,
-		Profile: p,
-		events:  attachEvents(srv, devs),
-		log:     log,
+		Node:     gpulib.Node{NVML: srv, HostRoot: opts.Dir, DriverRoot: opts.Dir, Profile: p.Name},
+		Server:   srv,
+		Profile:  p,
+		events:   attachEvents(srv, devs),
+		log:      log,
+		settings: settings,
 	}, nil
 }
 

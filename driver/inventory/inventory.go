@@ -40,7 +40,21 @@ type Device struct {
 	// Counters is the GPU's counter set name, set when the device consumes
 	// counters (dynamic MIG).
 	Counters string
+	// Share says how independent claims share a whole GPU; zero for a GPU
+	// one claim takes.
+	Share Share
 }
+
+// Share is how several claims may hold one whole GPU at once.
+type Share struct {
+	// TimeSlices: this many claims may each take a slice (time-slicing).
+	TimeSlices int
+	// Memory: claims each take a part of the GPU's memory.
+	Memory bool
+}
+
+// Shared says whether claims share the GPU.
+func (s Share) Shared() bool { return s.TimeSlices > 0 || s.Memory }
 
 // Order says how devices are laid out for the scheduler's first-fit search.
 type Order int
@@ -64,6 +78,11 @@ type Options struct {
 	// MIG devices and others are whole.
 	DynamicMIG bool
 	Order      Order
+	// Sharing says, per GPU, how independent claims share it (see Share).
+	// A shared GPU is offered whole only: MIG partitions cannot be time
+	// sliced, and the scheduler cannot both share a device and split it.
+	// GPUs in MIG mode are never shared.
+	Sharing func(discovery.GPU) Share
 }
 
 // Inventory is the node's devices in publishing order.
@@ -80,7 +99,13 @@ func Build(gpus []discovery.GPU, opts Options) *Inventory {
 	var perGPU [][]Device
 	for _, g := range gpus {
 		var devs []Device
+		var share Share
+		if opts.Sharing != nil && !g.MIGEnabled {
+			share = opts.Sharing(g)
+		}
 		switch {
+		case share.Shared():
+			devs = []Device{{Name: g.Name(), Kind: Whole, GPU: g, Share: share}}
 		case !g.MIGCapable || g.MIG == nil || len(g.MIG.Profiles) == 0:
 			devs = []Device{{Name: g.Name(), Kind: Whole, GPU: g}}
 		case opts.DynamicMIG && (g.MIGSwitchable || g.MIGEnabled):

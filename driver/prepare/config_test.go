@@ -29,7 +29,8 @@ func TestPrepareChecksOpaqueConfigs(t *testing.T) {
 		{"other driver", "nic.example.com", `not even json`, ""},
 		{"malformed", "gpu.tessera.dev", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Sometimes"}}`, "sharing.strategy"},
 		{"unknown field", "gpu.tessera.dev", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","colour":"green"}`, `unknown field "colour"`},
-		{"not yet", "gpu.tessera.dev", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`, "not supported by this version"},
+		{"MPS without a daemon image", "gpu.tessera.dev", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`, "--mps-image"},
+		{"power beyond the board", "gpu.tessera.dev", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","powerLimitWatts":20}`, "powerLimitWatts 20 is outside the GPU's range 40..72 W"},
 	} {
 		c := withConfig(claim("cfg-"+strings.ReplaceAll(tc.name, " ", "-"), "gpu-0"), tc.driver, tc.raw)
 		_, err := m.Prepare(ctx, c)

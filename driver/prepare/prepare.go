@@ -15,6 +15,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
+	published "github.com/tessera-dev/tessera/driver/slices"
 )
 
 // Prepare makes the claim's devices on this node usable by containers and
@@ -26,8 +27,12 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
-	if err := m.checkConfigs(claim); err != nil {
+	mps, err := m.plan(claim, want)
+	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	if mps != nil && m.cfg.MPS == nil {
+		return nil, fmt.Errorf("claim %s: sharing strategy MPS is not available: the plugin runs without an MPS daemon image (--mps-image); ask the operator to set it, or use TimeSlicing", ref)
 	}
 	unlock := m.claimLocks.lock(uid)
 	defer unlock()
@@ -45,7 +50,12 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 		m.mu.Unlock()
 		return nil, err
 	}
-	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
+	rec := checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
+	if mps != nil {
+		loc := m.cfg.MPS.Locate(string(uid))
+		rec.MPS = &loc
+	}
+	m.data.Claims[string(uid)] = rec
 	v := m.changed()
 	m.mu.Unlock()
 	if err := m.persist(v); err != nil {
@@ -58,14 +68,15 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 	failpoint(fpPrepareStarted)
 
-	prepared, err := m.materialize(claim, want)
+	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS)
 	if err != nil {
-		m.rollback(ctx, uid, want)
+		m.rollback(ctx, uid, rec)
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 
 	m.mu.Lock()
-	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Devices: prepared}
+	rec.Phase, rec.Devices = checkpoint.PrepareCompleted, prepared
+	m.data.Claims[string(uid)] = rec
 	v = m.changed()
 	m.mu.Unlock()
 	if err := m.persist(v); err != nil {
@@ -102,8 +113,16 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpCDIRemove)
+	if err := m.stopMPS(ctx, c); err != nil {
+		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	}
 	if err := m.destroyPartitions(c.Devices); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	}
+	// The claim is being unprepared, so it no longer counts: its GPUs go
+	// back to their original settings unless another claim needs them.
+	if err := m.reconcileGPUs(ctx, settingsGPUs(c.Devices)); err != nil {
+		return fmt.Errorf("claim %s: restore GPU settings: %w", claimRef(c.Namespace, c.Name), err)
 	}
 
 	m.mu.Lock()
@@ -134,21 +153,43 @@ func (m *Manager) allocatedHere(claim *resourceapi.ResourceClaim) ([]checkpoint.
 		if !ok {
 			return nil, fmt.Errorf("allocated device %s does not exist on node %s; it may have been published by an earlier configuration of the plugin: delete the claim to have it allocated again", r.Device, m.cfg.PoolName)
 		}
-		out = append(out, checkpoint.Device{
+		dev := checkpoint.Device{
 			Requests:    []string{r.Request},
 			Pool:        r.Pool,
 			Device:      r.Device,
 			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
 			MIG:         migRecord(d),
-		})
+		}
+		if r.ShareID != nil {
+			if !d.Share.Shared() {
+				return nil, fmt.Errorf("allocated a share (%s) of device %s, which this node does not share between claims; delete the claim to have it allocated again", *r.ShareID, r.Device)
+			}
+			dev.ShareID = string(*r.ShareID)
+			if q, ok := r.ConsumedCapacity[published.CapMemory]; ok {
+				dev.MemoryBytes = q.Value()
+			}
+		} else if d.Share.Shared() {
+			return nil, fmt.Errorf("device %s is shared between claims on this node but was allocated without a share ID; delete the claim to have it allocated again", r.Device)
+		}
+		out = append(out, dev)
 	}
 	return out, nil
 }
 
-// reserve takes exclusive ownership of the claim's devices; m.mu held.
+// reserve takes ownership of the claim's devices: exclusive, or a share of
+// a device claims share; m.mu held.
 func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) error {
+	if err := m.conflictLocked(uid, ref, devs); err != nil {
+		return err
+	}
 	for _, d := range devs {
 		if d.AdminAccess {
+			continue
+		}
+		if err := m.checkShareLocked(uid, ref, d); err != nil {
+			return err
+		}
+		if d.ShareID != "" {
 			continue
 		}
 		if holder, ok := m.owners[d.Device]; ok && holder != uid {
@@ -167,7 +208,7 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 		}
 	}
 	for _, d := range devs {
-		if !d.AdminAccess {
+		if !d.AdminAccess && d.ShareID == "" {
 			m.owners[d.Device] = uid
 		}
 	}
@@ -201,13 +242,23 @@ func (m *Manager) release(uid types.UID, devs []checkpoint.Device) {
 }
 
 // rollback undoes a prepare that failed after its started mark.
-func (m *Manager) rollback(ctx context.Context, uid types.UID, devs []checkpoint.Device) {
+func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Claim) {
+	logger := klog.FromContext(ctx)
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
-		klog.FromContext(ctx).Error(err, "Rolling back a failed prepare: CDI spec left behind; it is removed at the next start", "uid", uid)
+		logger.Error(err, "Rolling back a failed prepare: CDI spec left behind; it is removed at the next start", "uid", uid)
+	}
+	if err := m.stopMPS(ctx, rec); err != nil {
+		logger.Error(err, "Rolling back a failed prepare: MPS daemon left behind; it is removed at the next start", "uid", uid)
 	}
 	m.mu.Lock()
-	m.release(uid, devs)
+	m.release(uid, rec.Devices)
 	delete(m.data.Claims, string(uid))
+	m.changed()
+	m.mu.Unlock()
+	if err := m.reconcileGPUs(ctx, settingsGPUs(rec.Devices)); err != nil {
+		logger.Error(err, "Rolling back a failed prepare: GPU settings not restored; the next start restores them", "uid", uid)
+	}
+	m.mu.Lock()
 	v := m.changed()
 	m.mu.Unlock()
 	if err := m.persist(v); err != nil {
@@ -217,7 +268,7 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, devs []checkpoint
 
 // materialize creates the claim's MIG partitions and writes its CDI spec,
 // returning the devices with their CDI IDs. On error it undoes what it did.
-func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoint.Device) (_ []checkpoint.Device, err error) {
+func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceClaim, devs []checkpoint.Device, mps *mpsPlan, daemon *checkpoint.MPSDaemon) (_ []checkpoint.Device, err error) {
 	out := make([]checkpoint.Device, len(devs))
 	for i, d := range devs {
 		if d.MIG != nil {
@@ -232,8 +283,12 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 			_ = m.destroyPartitions(out)
 		}
 	}()
+	if err := m.reconcileGPUs(ctx, settingsGPUs(out)); err != nil {
+		return nil, err
+	}
 	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
 	var visible []string
+	uuids := make([]string, len(out))
 	seen := map[string]bool{}
 	for i := range out {
 		d := &out[i]
@@ -249,6 +304,12 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", d.Device, err)
 		}
+		if d.MemoryBytes > 0 {
+			// The scheduler guarantees the shares fit; frameworks read
+			// the limit to stay within theirs.
+			dev.Env = append(dev.Env, memoryEnv(d.Device)+"="+fmt.Sprint(d.MemoryBytes>>20))
+		}
+		uuids[i] = uuid
 		visible = append(visible, uuid)
 		spec.Devices = append(spec.Devices, dev)
 	}
@@ -268,6 +329,19 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 		Env:         env,
 		Mounts:      m.cfg.DriverFiles.Mounts,
 	}
+	if mps != nil {
+		d := MPSDaemon{MPSDaemon: *daemon, ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
+		for _, i := range mps.devices {
+			d.Devices = append(d.Devices, uuids[i])
+		}
+		d.Env = mps.env(len(d.Devices))
+		edits, err := m.cfg.MPS.Start(ctx, d)
+		if err != nil {
+			return nil, fmt.Errorf("start MPS control daemon: %w", err)
+		}
+		spec.Common.Env = append(spec.Common.Env, edits.Env...)
+		spec.Common.Mounts = append(spec.Common.Mounts, edits.Mounts...)
+	}
 	ids, err := m.cfg.CDI.Write(spec)
 	if err != nil {
 		return nil, err
@@ -285,7 +359,7 @@ func (m *Manager) materialize(claim *resourceapi.ResourceClaim, devs []checkpoin
 func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (cdi.Device, string, error) {
 	g := inv.GPU
 	parent := m.cfg.DevNodes.GPU(g.Minor)
-	envKey := "TESSERA_" + strings.ToUpper(strings.ReplaceAll(d.Device, "-", "_")) + "_UUID"
+	envKey := deviceEnv(d.Device) + "_UUID"
 	switch inv.Kind {
 	case inventory.Whole:
 		if inv.Counters != "" && g.MIGSwitchable {
@@ -347,3 +421,39 @@ func names(ds []checkpoint.Device) string {
 }
 
 func claimRef(namespace, name string) string { return namespace + "/" + name }
+
+// deviceEnv is the prefix of a device's own environment variables:
+// TESSERA_GPU_0 for gpu-0.
+func deviceEnv(device string) string {
+	return "TESSERA_" + strings.ToUpper(strings.ReplaceAll(device, "-", "_"))
+}
+
+// memoryEnv names the variable holding a shared device's memory limit in
+// MiB: TESSERA_GPU_0_MEMORY_LIMIT_MIB.
+func memoryEnv(device string) string { return deviceEnv(device) + "_MEMORY_LIMIT_MIB" }
+
+// checkShareLocked refuses to mix exclusive and shared use of one device,
+// and shares beyond the device's memory: the scheduler's accounting, checked
+// again as the last line of defence; m.mu held.
+func (m *Manager) checkShareLocked(uid types.UID, ref string, d checkpoint.Device) error {
+	inv, _ := m.inventory().Lookup(d.Device)
+	used := d.MemoryBytes
+	for other, c := range m.data.Claims {
+		if types.UID(other) == uid {
+			continue
+		}
+		for _, o := range c.Devices {
+			if o.Device != d.Device || o.AdminAccess {
+				continue
+			}
+			if (o.ShareID == "") != (d.ShareID == "") {
+				return fmt.Errorf("claim %s: device %s is held by claim %s (%s) and cannot be both shared and exclusive; unprepare it first", ref, d.Device, claimRef(c.Namespace, c.Name), other)
+			}
+			used += o.MemoryBytes
+		}
+	}
+	if d.ShareID != "" && inv.GPU.MemoryBytes > 0 && used > inv.GPU.MemoryBytes {
+		return fmt.Errorf("claim %s: device %s: memory shares would add up to %d MiB, more than the GPU's %d MiB; the claim was allocated past the GPU's capacity, delete it to have it allocated again", ref, d.Device, used>>20, inv.GPU.MemoryBytes>>20)
+	}
+	return nil
+}

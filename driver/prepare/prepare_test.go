@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -46,6 +47,10 @@ type env struct {
 	// dynamicMIG lays the node out with MIG partitions (the default gate).
 	dynamicMIG bool
 	mig        *mig.Manager
+	// share lays GPUs out for independent claims to share; mps runs MPS
+	// daemons (nil: none).
+	share func(discovery.GPU) inventory.Share
+	mps   prepare.MPSDaemons
 }
 
 func newEnv(t *testing.T, profile string) *env {
@@ -77,8 +82,9 @@ func (e *env) config() prepare.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG})
-	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID}
+	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
+	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
+		Settings: gpuset.New(e.node.NVML), MPS: e.mps}
 }
 
 func (e *env) start() *prepare.Manager {

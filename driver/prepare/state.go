@@ -69,6 +69,11 @@ type Config struct {
 	DriverFiles cdi.Edits
 	// BootID is the current boot's ID.
 	BootID string
+	// Settings changes GPU settings claims need (compute mode, power
+	// limit); nil refuses claims that need any.
+	Settings GPUSettings
+	// MPS runs MPS control daemons; nil refuses claims asking for MPS.
+	MPS MPSDaemons
 	// ClaimEnv, if set, adds environment for every container given the
 	// claim (the gang controller's rank and size, read from the claim's
 	// annotations). An error fails the prepare.
@@ -91,6 +96,8 @@ type Manager struct {
 	inv atomic.Pointer[inventory.Inventory]
 
 	claimLocks keyedMutex
+	// gpuLocks serialise changes of one GPU's settings.
+	gpuLocks keyedMutex
 
 	mu      sync.Mutex // guards data, owners and version; never held across I/O
 	data    checkpoint.Data
@@ -149,6 +156,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		if err := m.cfg.CDI.Remove(uid); err != nil {
 			return err
 		}
+		if err := m.stopMPS(ctx, c); err != nil {
+			// Not fatal: the daemon sweep finds it once the API answers.
+			logger.Error(err, "MPS daemon of an interrupted claim not stopped", "claim", klog.KRef(c.Namespace, c.Name))
+		}
 		if err := m.destroyPartitions(c.Devices); err != nil {
 			return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 		}
@@ -160,18 +171,30 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err := m.destroyOrphanPartitions(ctx, data); err != nil {
 		return err
 	}
-	for uid, c := range data.Claims {
-		for _, d := range c.Devices {
-			if !d.AdminAccess {
-				m.owners[d.Device] = types.UID(uid)
-			}
-		}
-	}
 	m.data = data
+	m.owners = ownersOf(data)
 	if err := m.cfg.Checkpoint.Save(m.data); err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
+	// Settings of GPUs whose claims were rolled back or finished go back
+	// to what they were.
+	if err := m.reconcileGPUs(ctx, m.originalGPUs()); err != nil {
+		return fmt.Errorf("restore GPU settings: %w", err)
+	}
 	return nil
+}
+
+// ownersOf lists the exclusive holder of each held device.
+func ownersOf(data checkpoint.Data) map[string]types.UID {
+	owners := map[string]types.UID{}
+	for uid, c := range data.Claims {
+		for _, d := range c.Devices {
+			if !d.AdminAccess && d.ShareID == "" {
+				owners[d.Device] = types.UID(uid)
+			}
+		}
+	}
+	return owners
 }
 
 // rebuildFromCDI reconstructs prepared claims from the CDI specs, which are
@@ -231,14 +254,7 @@ func (m *Manager) Reload() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.data = data
-	m.owners = map[string]types.UID{}
-	for uid, c := range data.Claims {
-		for _, d := range c.Devices {
-			if !d.AdminAccess {
-				m.owners[d.Device] = types.UID(uid)
-			}
-		}
-	}
+	m.owners = ownersOf(data)
 	// What is in memory is what is on disk.
 	m.version++
 	m.written = m.version

@@ -40,7 +40,8 @@ const (
 	AttrPowerMaxWatts         = "powerMaxWatts"
 	AttrPowerDefaultWatts     = "powerDefaultWatts"
 
-	CapMemory = "memory"
+	CapMemory     = "memory"
+	CapTimeSlices = "timeSlices"
 
 	TypeGPU = "gpu"
 )
@@ -117,6 +118,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		if d.Kind == inventory.Whole {
 			dev = GPUDevice(d.GPU)
 			dev.Name = d.Name
+			share(&dev, d.GPU, d.Share)
 		} else {
 			dev = MIGDevice(d)
 		}

@@ -1,7 +1,6 @@
 package v1alpha1
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
 )
 
 // MaxConfigBytes is the API's limit for one opaque configuration.
@@ -20,21 +20,37 @@ type Config interface{ isConfig() }
 func (*GpuConfig) isConfig()       {}
 func (*MigDeviceConfig) isConfig() {}
 
-// Decode reads one opaque configuration strictly: unknown fields, wrong types
-// and unknown kinds are errors naming the field; the result is validated.
+// Decode reads one opaque configuration strictly and validates it. Errors name
+// the field below "parameters" (the opaque configuration's own field), the bad
+// value and what is allowed; see DecodeAt.
 func Decode(raw []byte) (Config, error) {
+	cfg, errs := DecodeAt(raw, field.NewPath("parameters"))
+	if len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+// DecodeAt reads one opaque configuration strictly and validates it, reporting
+// every problem as a field error below path, where the configuration sits in
+// its object (for the admission webhook:
+// spec.devices.config[1].opaque.parameters), so that messages name the full
+// field. Strict means as the API server decodes its own objects: field names
+// match case-sensitively, and unknown or duplicate fields, wrong JSON types
+// and unknown kinds are errors.
+func DecodeAt(raw []byte, path *field.Path) (Config, field.ErrorList) {
 	if len(raw) > MaxConfigBytes {
-		return nil, fmt.Errorf("configuration is %d bytes; the API allows %d", len(raw), MaxConfigBytes)
+		return nil, field.ErrorList{field.TooLong(path, "", MaxConfigBytes)}
 	}
 	var meta struct {
 		APIVersion string `json:"apiVersion"`
 		Kind       string `json:"kind"`
 	}
 	if err := json.Unmarshal(raw, &meta); err != nil {
-		return nil, fmt.Errorf("configuration is not a JSON object: %v", err)
+		return nil, field.ErrorList{field.Invalid(path, field.OmitValueType{}, fmt.Sprintf("configuration is not a JSON object: %v", err))}
 	}
 	if meta.APIVersion != Group+"/"+Version {
-		return nil, field.NotSupported(field.NewPath("apiVersion"), meta.APIVersion, []string{Group + "/" + Version})
+		return nil, field.ErrorList{field.NotSupported(path.Child("apiVersion"), meta.APIVersion, []string{Group + "/" + Version})}
 	}
 	var cfg Config
 	switch meta.Kind {
@@ -43,47 +59,81 @@ func Decode(raw []byte) (Config, error) {
 	case MigDeviceConfigKind:
 		cfg = &MigDeviceConfig{}
 	default:
-		return nil, field.NotSupported(field.NewPath("kind"), meta.Kind, []string{GpuConfigKind, MigDeviceConfigKind})
+		return nil, field.ErrorList{field.NotSupported(path.Child("kind"), meta.Kind, []string{GpuConfigKind, MigDeviceConfigKind})}
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		return nil, decodeError(meta.Kind, err)
+	// sigs.k8s.io/json is the API server's own strict decoder: unlike
+	// encoding/json it reports where an unknown field sits, not only its name.
+	strict, err := kjson.UnmarshalStrict(raw, cfg, kjson.DisallowUnknownFields, kjson.DisallowDuplicateFields)
+	if err != nil {
+		return nil, field.ErrorList{decodeError(meta.Kind, err, path)}
 	}
-	if errs := Validate(cfg); len(errs) > 0 {
-		return nil, fmt.Errorf("%s: %w", meta.Kind, errs.ToAggregate())
+	if len(strict) > 0 {
+		var errs field.ErrorList
+		for _, e := range strict {
+			errs = append(errs, strictError(meta.Kind, e, path))
+		}
+		return nil, errs
+	}
+	if errs := validate(cfg, path); len(errs) > 0 {
+		return nil, errs
 	}
 	return cfg, nil
 }
 
-// decodeError names the offending field of a JSON decoding error.
-func decodeError(kind string, err error) error {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		return fmt.Errorf("%s: field %s: got JSON %s, want %s", kind, typeErr.Field, typeErr.Value, typeErr.Type)
+// jsonPath turns a decoder's dotted field path ("sharing.mpsConfig") into a
+// field path below root.
+func jsonPath(root *field.Path, dotted string) *field.Path {
+	p := root
+	for name := range strings.SplitSeq(dotted, ".") {
+		p = p.Child(name)
 	}
-	msg := err.Error()
-	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		name, _ := strconv.Unquote(rest)
-		return fmt.Errorf("%s: unknown field %q: check its spelling against the %s API (gpu.tessera.dev/v1alpha1)", kind, name, kind)
-	}
-	return fmt.Errorf("%s: %v", kind, err)
+	return p
 }
 
-// Validate checks a configuration's values.
-func Validate(cfg Config) field.ErrorList {
+// decodeError names the offending field of a JSON decoding error.
+func decodeError(kind string, err error, path *field.Path) *field.Error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return field.TypeInvalid(jsonPath(path, typeErr.Field), field.OmitValueType{},
+			fmt.Sprintf("got JSON %s, want %s (see the %s API, %s/%s)", typeErr.Value, typeErr.Type, kind, Group, Version))
+	}
+	// A value's own decoder failed (a quantity such as "10 gigs"), or the
+	// JSON is malformed.
+	return field.Invalid(path, field.OmitValueType{}, fmt.Sprintf("cannot decode as %s: %v", kind, err))
+}
+
+// strictError turns an unknown or duplicate field into a field error.
+func strictError(kind string, err error, path *field.Path) *field.Error {
+	fe, ok := err.(kjson.FieldError)
+	if !ok {
+		return field.Invalid(path, field.OmitValueType{}, err.Error())
+	}
+	p := jsonPath(path, fe.FieldPath())
+	name := fe.FieldPath()[strings.LastIndex(fe.FieldPath(), ".")+1:]
+	if strings.HasPrefix(err.Error(), "duplicate field") {
+		return field.Forbidden(p, fmt.Sprintf("duplicate field %q: give it once", name))
+	}
+	return field.Forbidden(p, fmt.Sprintf("unknown field %q: check its spelling (names are case-sensitive) against the %s API (%s/%s)", name, kind, Group, Version))
+}
+
+// Validate checks a configuration's values; error paths start at the
+// configuration's root ("sharing.strategy").
+func Validate(cfg Config) field.ErrorList { return validate(cfg, nil) }
+
+// validate checks a configuration's values, with error paths below root.
+func validate(cfg Config, root *field.Path) field.ErrorList {
 	switch c := cfg.(type) {
 	case *GpuConfig:
 		var errs field.ErrorList
-		errs = append(errs, validateSharing(c.Sharing, field.NewPath("sharing"), true)...)
+		errs = append(errs, validateSharing(c.Sharing, root.Child("sharing"), true)...)
 		if c.PowerLimitWatts != nil && (*c.PowerLimitWatts < 1 || *c.PowerLimitWatts > 5000) {
-			errs = append(errs, field.Invalid(field.NewPath("powerLimitWatts"), *c.PowerLimitWatts, "must be between 1 and 5000 watts (and within the GPU's powerMinWatts..powerMaxWatts)"))
+			errs = append(errs, field.Invalid(root.Child("powerLimitWatts"), *c.PowerLimitWatts, "must be between 1 and 5000 watts (and within the GPU's powerMinWatts..powerMaxWatts)"))
 		}
 		return errs
 	case *MigDeviceConfig:
-		return validateSharing(c.Sharing, field.NewPath("sharing"), false)
+		return validateSharing(c.Sharing, root.Child("sharing"), false)
 	}
-	return field.ErrorList{field.InternalError(nil, fmt.Errorf("unknown configuration type %T", cfg))}
+	return field.ErrorList{field.InternalError(root, fmt.Errorf("unknown configuration type %T", cfg))}
 }
 
 func validateSharing(s *Sharing, path *field.Path, timeSlicing bool) field.ErrorList {
@@ -111,7 +161,11 @@ func validateSharing(s *Sharing, path *field.Path, timeSlicing bool) field.Error
 			errs = append(errs, field.Forbidden(p, "only with strategy TimeSlicing"))
 		}
 		switch s.TimeSlicingConfig.Interval {
-		case "", DefaultTimeSlice, ShortTimeSlice, MediumTimeSlice, LongTimeSlice:
+		case "", DefaultTimeSlice:
+		case ShortTimeSlice, MediumTimeSlice, LongTimeSlice:
+			// Kept in the API for when NVML offers the call; refused
+			// rather than ignored until then.
+			errs = append(errs, field.Invalid(p.Child("interval"), s.TimeSlicingConfig.Interval, "cannot be applied: NVML has no call that sets the compute time-slice length (nvidia-smi uses a private driver interface, and Tessera runs no host binaries); use Default or leave it out"))
 		default:
 			errs = append(errs, field.NotSupported(p.Child("interval"), s.TimeSlicingConfig.Interval, []string{string(DefaultTimeSlice), string(ShortTimeSlice), string(MediumTimeSlice), string(LongTimeSlice)}))
 		}

@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 func TestDecode(t *testing.T) {
@@ -12,11 +14,17 @@ func TestDecode(t *testing.T) {
 		wantErr []string
 	}{
 		{"gpu exclusive", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Exclusive"}}`, nil},
-		{"gpu time-slicing", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}}`, nil},
+		{"gpu time-slicing", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Default"}}}`, nil},
+		{"interval NVML cannot set", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}}`, []string{"sharing.timeSlicingConfig.interval", "NVML", "use Default"}},
 		{"gpu mps", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50,"defaultPinnedDeviceMemoryLimit":"10Gi","defaultPerDevicePinnedMemoryLimit":{"0":"5Gi"}}}}`, nil},
 		{"power", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","powerLimitWatts":350}`, nil},
 		{"mig mps", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`, nil},
 		{"unknown field", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharng":{}}`, []string{`unknown field "sharng"`}},
+		{"nested unknown field", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfg":{}}}`, []string{"parameters.sharing.mpsConfg", `unknown field "mpsConfg"`}},
+		{"names are case-sensitive", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","Sharing":{"strategy":"MPS"}}`, []string{`unknown field "Sharing"`, "case-sensitive"}},
+		{"duplicate field", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","powerLimitWatts":300,"powerLimitWatts":400}`, []string{"parameters.powerLimitWatts", `duplicate field "powerLimitWatts"`}},
+		{"nested wrong type", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":"half"}}}`, []string{"parameters.sharing.mpsConfig.defaultActiveThreadPercentage", "got JSON string, want int32"}},
+		{"bad quantity", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"lots"}}}`, []string{"cannot decode as GpuConfig", "quantities must match"}},
 		{"wrong type", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","powerLimitWatts":"high"}`, []string{"powerLimitWatts", "string"}},
 		{"bad strategy", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"Shared"}}`, []string{"sharing.strategy", `"Exclusive"`, `"TimeSlicing"`, `"MPS"`}},
 		{"time-slicing on MIG", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"TimeSlicing"}}`, []string{"sharing.strategy", `"MPS"`}},
@@ -47,6 +55,33 @@ func TestDecode(t *testing.T) {
 				if !strings.Contains(err.Error(), frag) {
 					t.Errorf("error %q lacks %q", err, frag)
 				}
+			}
+		})
+	}
+}
+
+// TestDecodeAtNamesTheFullField: errors carry the caller's path to the
+// configuration, so a webhook's message names the field in the user's object.
+func TestDecodeAtNamesTheFullField(t *testing.T) {
+	root := field.NewPath("spec", "devices", "config").Index(1).Child("opaque", "parameters")
+	for _, tc := range []struct{ name, json, want string }{
+		{"value", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":150}}}`,
+			"spec.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 150: must be between 1 and 100"},
+		{"unknown field", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mpsConfig":{"x":1}}}`,
+			`spec.devices.config[1].opaque.parameters.sharing.mpsConfig.x: Forbidden: unknown field "x"`},
+		{"type", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","powerLimitWatts":true}`,
+			"spec.devices.config[1].opaque.parameters.powerLimitWatts: Invalid value: got JSON bool, want int32"},
+		{"kind", `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"TpuConfig"}`,
+			`spec.devices.config[1].opaque.parameters.kind: Unsupported value: "TpuConfig": supported values: "GpuConfig", "MigDeviceConfig"`},
+		{"not an object", `"MPS"`, "spec.devices.config[1].opaque.parameters: Invalid value: configuration is not a JSON object"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, errs := DecodeAt([]byte(tc.json), root)
+			if len(errs) != 1 {
+				t.Fatalf("got config %+v and %d errors %v, want one error", cfg, len(errs), errs)
+			}
+			if got := errs[0].Error(); !strings.HasPrefix(got, tc.want) {
+				t.Errorf("error\n  %s\nwant it to start with\n  %s", got, tc.want)
 			}
 		})
 	}
