@@ -9,6 +9,12 @@ import (
 	"github.com/tessera-dev/tessera/driver/inventory"
 )
 
+// Attributes of shared GPUs.
+const (
+	AttrTimeSliced   = "timeSliced"
+	AttrMemoryShared = "memoryShared"
+)
+
 // MemoryStep is the granularity of memory shares: a claim's memory request
 // is rounded up to it.
 var MemoryStep = resource.MustParse("1Gi")
@@ -28,6 +34,13 @@ func share(dev *resourceapi.Device, g discovery.GPU, s inventory.Share) {
 		return
 	}
 	dev.AllowMultipleAllocations = ptr.To(true)
+	// Attributes name the mode so DeviceClasses can select it.
+	if s.TimeSlices > 0 {
+		dev.Attributes[AttrTimeSliced] = resourceapi.DeviceAttribute{BoolValue: ptr.To(true)}
+	}
+	if s.Memory {
+		dev.Attributes[AttrMemoryShared] = resourceapi.DeviceAttribute{BoolValue: ptr.To(true)}
+	}
 	step := MemoryStep.Value()
 	most := resource.NewQuantity(g.MemoryBytes/step*step, resource.BinarySI)
 	mem := dev.Capacity[CapMemory]

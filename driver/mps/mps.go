@@ -1,0 +1,238 @@
+// Package mps runs NVIDIA MPS control daemons for claims that share their
+// GPUs through MPS: one daemon per claim, as a pod on the plugin's node.
+//
+// Why a pod and not a child process: the plugin runs no host binaries
+// (docs/guarantees.md), and a pod is supervised by the kubelet (restarted
+// when it crashes), visible with kubectl, and accounted like any workload.
+// The daemon binary comes from the host's driver root, mounted read-only,
+// so the image needs no NVIDIA files of its own.
+//
+// The contract, relied on by the prepare state machine:
+//   - Locate is a pure function of the claim UID, so the daemon's pod and
+//     directory are checkpointed before anything exists.
+//   - Start and Stop are idempotent: a retried prepare finds the pod
+//     running; a retried unprepare finds it gone.
+//   - Every daemon pod carries the node and claim UID as labels, so Sweep
+//     can delete daemons whose claims the node no longer holds (a lost
+//     checkpoint, a crash while the API was unreachable).
+package mps
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/prepare"
+)
+
+// Labels on every daemon pod.
+const (
+	LabelApp      = "app.kubernetes.io/name"
+	AppName       = "tessera-mps"
+	LabelNode     = "gpu.tessera.dev/node"
+	LabelClaimUID = "gpu.tessera.dev/claim-uid"
+)
+
+// Where clients and the daemon see the daemon's directories.
+const (
+	PipeDir = "/tmp/nvidia-mps"
+	LogDir  = "/var/log/nvidia-mps"
+	// driverRootMount is where the daemon sees the host's driver root.
+	driverRootMount = "/driver-root"
+)
+
+// Daemons runs daemon pods on one node.
+type Daemons struct {
+	Client    kubernetes.Interface
+	Namespace string
+	NodeName  string
+	// Image runs the daemon; only its filesystem is used (a shell-less
+	// distroless image is fine).
+	Image string
+	// Dir on the host holds each daemon's pipe, log and shared-memory
+	// directories, one subdirectory per claim.
+	Dir string
+	// DriverRoot is the host's driver root (where usr/bin/nvidia-cuda-mps-control is).
+	DriverRoot string
+	// ReadyTimeout bounds how long Start waits for the daemon to run;
+	// the kubelet gives a prepare 45 s.
+	ReadyTimeout time.Duration
+}
+
+var _ prepare.MPSDaemons = (*Daemons)(nil)
+
+// Locate names a claim's daemon pod and directory.
+func (d *Daemons) Locate(claimUID string) checkpoint.MPSDaemon {
+	return checkpoint.MPSDaemon{Pod: "tessera-mps-" + claimUID, Dir: filepath.Join(d.Dir, claimUID)}
+}
+
+// Start runs the claim's daemon and waits until its container runs.
+func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edits, error) {
+	for _, sub := range []string{"pipe", "log", "shm"} {
+		if err := os.MkdirAll(filepath.Join(daemon.Dir, sub), 0o755); err != nil {
+			return cdi.Edits{}, fmt.Errorf("MPS directories: %w", err)
+		}
+	}
+	pod := d.pod(daemon)
+	_, err := d.Client.CoreV1().Pods(d.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return cdi.Edits{}, fmt.Errorf("create MPS daemon pod %s/%s: %w", d.Namespace, pod.Name, err)
+	}
+	if err := d.waitRunning(ctx, pod.Name); err != nil {
+		return cdi.Edits{}, err
+	}
+	klog.FromContext(ctx).V(2).Info("MPS control daemon running", "pod", klog.KRef(d.Namespace, pod.Name), "claim", klog.KRef(daemon.ClaimNamespace, daemon.ClaimName), "devices", daemon.Devices)
+	return cdi.Edits{
+		Env: append([]string{"CUDA_MPS_PIPE_DIRECTORY=" + PipeDir, "CUDA_MPS_LOG_DIRECTORY=" + LogDir}, daemon.Env...),
+		Mounts: []cdi.Mount{
+			{HostPath: filepath.Join(daemon.Dir, "pipe"), ContainerPath: PipeDir},
+			{HostPath: filepath.Join(daemon.Dir, "log"), ContainerPath: LogDir},
+			// Clients and the server exchange memory through /dev/shm.
+			{HostPath: filepath.Join(daemon.Dir, "shm"), ContainerPath: "/dev/shm"},
+		},
+	}, nil
+}
+
+// pod is the daemon's pod: pinned to this node, restarted when it exits,
+// tolerating every taint (it serves pods already admitted here).
+func (d *Daemons) pod(daemon prepare.MPSDaemon) *corev1.Pod {
+	hostDir := func(name, path string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
+	}
+	env := []corev1.EnvVar{
+		{Name: "CUDA_VISIBLE_DEVICES", Value: strings.Join(daemon.Devices, ",")},
+		{Name: "CUDA_MPS_PIPE_DIRECTORY", Value: PipeDir},
+		{Name: "CUDA_MPS_LOG_DIRECTORY", Value: LogDir},
+		{Name: "LD_LIBRARY_PATH", Value: strings.Join(libDirs(), ":")},
+	}
+	for _, kv := range daemon.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      daemon.Pod,
+			Namespace: d.Namespace,
+			Labels:    map[string]string{LabelApp: AppName, LabelNode: d.NodeName, LabelClaimUID: daemon.ClaimUID},
+			Annotations: map[string]string{
+				"gpu.tessera.dev/claim": daemon.ClaimNamespace + "/" + daemon.ClaimName,
+			},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      d.NodeName,
+			RestartPolicy:                 corev1.RestartPolicyAlways,
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			AutomountServiceAccountToken:  ptr.To(false),
+			Containers: []corev1.Container{{
+				Name:    "mps-control-daemon",
+				Image:   d.Image,
+				Command: []string{driverRootMount + "/usr/bin/nvidia-cuda-mps-control", "-f"},
+				Env:     env,
+				// The daemon opens the GPUs' device nodes directly.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "pipe", MountPath: PipeDir},
+					{Name: "log", MountPath: LogDir},
+					{Name: "shm", MountPath: "/dev/shm"},
+					{Name: "driver-root", MountPath: driverRootMount, ReadOnly: true},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				hostDir("pipe", filepath.Join(daemon.Dir, "pipe")),
+				hostDir("log", filepath.Join(daemon.Dir, "log")),
+				hostDir("shm", filepath.Join(daemon.Dir, "shm")),
+				hostDir("driver-root", d.DriverRoot),
+			},
+		},
+	}
+}
+
+// libDirs are where the driver's libraries live under the mounted root.
+func libDirs() []string {
+	var out []string
+	for _, dir := range []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib"} {
+		out = append(out, driverRootMount+"/"+dir)
+	}
+	return out
+}
+
+// waitRunning polls the pod until its container runs, it fails, or the
+// timeout passes.
+func (d *Daemons) waitRunning(ctx context.Context, name string) error {
+	timeout := d.ReadyTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		pod, err := d.Client.CoreV1().Pods(d.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("MPS daemon pod %s/%s ended (%s): %s", d.Namespace, name, pod.Status.Phase, pod.Status.Message)
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Running != nil {
+				return true, nil
+			}
+			if w := cs.State.Waiting; w != nil {
+				last = w.Reason + ": " + w.Message
+			}
+		}
+		if last == "" {
+			last = "phase " + string(pod.Status.Phase)
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("MPS daemon pod %s/%s not running after %v (last seen: %s); check the pod's events and --mps-image: %w", d.Namespace, name, timeout, last, err)
+	}
+	return nil
+}
+
+// Stop deletes the daemon's pod and directory.
+func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
+	err := d.Client.CoreV1().Pods(d.Namespace).Delete(ctx, daemon.Pod, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete MPS daemon pod %s/%s: %w", d.Namespace, daemon.Pod, err)
+	}
+	if err := os.RemoveAll(daemon.Dir); err != nil {
+		return fmt.Errorf("remove MPS directory: %w", err)
+	}
+	return nil
+}
+
+// Sweep deletes this node's daemons whose claims are not in keep.
+func (d *Daemons) Sweep(ctx context.Context, keep func(claimUID string) bool) error {
+	pods, err := d.Client.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelApp + "=" + AppName + "," + LabelNode + "=" + d.NodeName})
+	if err != nil {
+		return fmt.Errorf("list MPS daemon pods: %w", err)
+	}
+	for _, pod := range pods.Items {
+		uid := pod.Labels[LabelClaimUID]
+		if keep(uid) {
+			continue
+		}
+		klog.FromContext(ctx).Info("Deleting an MPS daemon no prepared claim owns", "pod", klog.KObj(&pod), "claimUID", uid)
+		if err := d.Stop(ctx, d.Locate(uid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+package mps_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-dev/tessera/driver/mps"
+	"github.com/tessera-dev/tessera/driver/prepare"
+)
+
+// runPods plays the kubelet: every daemon pod created gets a running
+// container.
+func runPods(ctx context.Context, t *testing.T, client *fake.Clientset, ns string) {
+	go func() {
+		for ctx.Err() == nil {
+			pods, _ := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			for _, p := range pods.Items {
+				if len(p.Status.ContainerStatuses) == 0 {
+					p.Status.Phase = corev1.PodRunning
+					p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "mps-control-daemon", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+					_, _ = client.CoreV1().Pods(ns).UpdateStatus(ctx, &p, metav1.UpdateOptions{})
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+}
+
+func TestDaemonRunsAsAPodOnItsNodeAndIsStopped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewClientset()
+	runPods(ctx, t, client, "tessera-system")
+	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/run/nvidia/driver"}
+	loc := d.Locate("uid-1")
+	daemon := prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1", ClaimNamespace: "ml", ClaimName: "infer", Devices: []string{"GPU-a", "GPU-b"}, Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"}}
+	edits, err := d.Start(ctx, daemon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := client.CoreV1().Pods("tessera-system").Get(ctx, loc.Pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.NodeName != "node-a" || pod.Labels[mps.LabelClaimUID] != "uid-1" || pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
+		t.Errorf("pod placement/labels/restart: node %q labels %v restart %s", pod.Spec.NodeName, pod.Labels, pod.Spec.RestartPolicy)
+	}
+	c := pod.Spec.Containers[0]
+	if c.Command[0] != "/driver-root/usr/bin/nvidia-cuda-mps-control" || c.Command[1] != "-f" {
+		t.Errorf("daemon command %v", c.Command)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["CUDA_VISIBLE_DEVICES"] != "GPU-a,GPU-b" || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_MPS_PIPE_DIRECTORY"] != mps.PipeDir {
+		t.Errorf("daemon env %v", env)
+	}
+	for _, sub := range []string{"pipe", "log", "shm"} {
+		if _, err := os.Stat(filepath.Join(loc.Dir, sub)); err != nil {
+			t.Errorf("daemon directory %s: %v", sub, err)
+		}
+	}
+	if !slices.Contains(edits.Env, "CUDA_MPS_PIPE_DIRECTORY="+mps.PipeDir) || !slices.Contains(edits.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25") || len(edits.Mounts) != 3 {
+		t.Errorf("client edits %+v", edits)
+	}
+	// Idempotent: a retried prepare finds the daemon running.
+	if _, err := d.Start(ctx, daemon); err != nil {
+		t.Fatalf("second start: %v", err)
+	}
+	if err := d.Stop(ctx, loc); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx, loc); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	if _, err := client.CoreV1().Pods("tessera-system").Get(ctx, loc.Pod, metav1.GetOptions{}); err == nil {
+		t.Error("daemon pod still exists after stop")
+	}
+	if _, err := os.Stat(loc.Dir); !os.IsNotExist(err) {
+		t.Errorf("daemon directory still exists after stop: %v", err)
+	}
+}
+
+func TestStartFailsWithTheReasonWhenTheDaemonDoesNotRun(t *testing.T) {
+	client := fake.NewClientset()
+	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "missing:latest", Dir: t.TempDir(), ReadyTimeout: 300 * time.Millisecond}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		p, err := client.CoreV1().Pods("tessera-system").Get(context.Background(), "tessera-mps-uid-2", metav1.GetOptions{})
+		if err != nil {
+			return
+		}
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "missing:latest not found"}}}}
+		_, _ = client.CoreV1().Pods("tessera-system").UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
+	}()
+	_, err := d.Start(context.Background(), prepare.MPSDaemon{MPSDaemon: d.Locate("uid-2"), ClaimUID: "uid-2"})
+	if err == nil || !containsAll(err.Error(), "ImagePullBackOff", "--mps-image") {
+		t.Errorf("start of a daemon that cannot run: %v", err)
+	}
+}
+
+func TestSweepDeletesDaemonsOfClaimsNoLongerHeld(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewClientset()
+	runPods(ctx, t, client, "tessera-system")
+	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "img", Dir: t.TempDir()}
+	other := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-b", Image: "img", Dir: t.TempDir()}
+	for _, s := range []struct {
+		d   *mps.Daemons
+		uid string
+	}{{d, "keep"}, {d, "gone"}, {other, "elsewhere"}} {
+		if _, err := s.d.Start(ctx, prepare.MPSDaemon{MPSDaemon: s.d.Locate(s.uid), ClaimUID: s.uid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Sweep(ctx, func(uid string) bool { return uid == "keep" }); err != nil {
+		t.Fatal(err)
+	}
+	pods, _ := client.CoreV1().Pods("tessera-system").List(ctx, metav1.ListOptions{})
+	var names []string
+	for _, p := range pods.Items {
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"tessera-mps-elsewhere", "tessera-mps-keep"}; !slices.Equal(names, want) {
+		t.Errorf("pods after sweep %v, want %v (another node's daemon is not ours)", names, want)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
