@@ -19,7 +19,9 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/tessera-dev/tessera/api/gpu/v1alpha1"
 	"github.com/tessera-dev/tessera/deviceclass"
+	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/simulate"
@@ -69,9 +71,27 @@ func objects(t *testing.T) map[string][]runtime.Object {
 // fits says, per example file, on which simulated nodes its claims must be
 // allocatable; every other profile must refuse them.
 var fits = map[string][]string{
-	"mig/one-1g.yaml":   {"dgx-h100"},
-	"mig/h100-3g.yaml":  {"dgx-h100"},
-	"mig/2g-or-l4.yaml": {"dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"mig/one-1g.yaml":        {"dgx-h100"},
+	"mig/h100-3g.yaml":       {"dgx-h100"},
+	"mig/2g-or-l4.yaml":      {"dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/power-cap.yaml": {"dgx-h100"},
+	"sharing/mps.yaml":       {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	// Shared classes select only GPUs an operator shares: every node here
+	// shares GPU 0 by time and GPU 1 by memory (sharedNode).
+	"sharing/time-slices.yaml":               {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/memory-share.yaml":              {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/time-slicing-shared-claim.yaml": {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+}
+
+// sharedNode shares GPU 0 in four time slices and GPU 1 by memory.
+func sharedNode(g discovery.GPU) inventory.Share {
+	switch g.Index {
+	case 0:
+		return inventory.Share{TimeSlices: 4}
+	case 1:
+		return inventory.Share{Memory: true}
+	}
+	return inventory.Share{}
 }
 
 func TestExamplesDecodeAndPlaceWhereTheySay(t *testing.T) {
@@ -82,7 +102,7 @@ func TestExamplesDecodeAndPlaceWhereTheySay(t *testing.T) {
 	profiles := fakenode.Profiles()
 	clusters := map[string]*simulate.Cluster{}
 	for _, p := range profiles {
-		clusters[p] = simulate.New(classes, fixtures.Slices(t, fixtures.Profile(t, p), p, inventory.Options{DynamicMIG: true}))
+		clusters[p] = simulate.New(classes, fixtures.Slices(t, fixtures.Profile(t, p), p, inventory.Options{DynamicMIG: true, Sharing: sharedNode}))
 	}
 	objs := objects(t)
 	if len(objs) == 0 {
@@ -91,8 +111,11 @@ func TestExamplesDecodeAndPlaceWhereTheySay(t *testing.T) {
 	for file, want := range fits {
 		var templates []*resourceapi.ResourceClaimTemplate
 		for _, o := range objs[file] {
-			if tpl, ok := o.(*resourceapi.ResourceClaimTemplate); ok {
-				templates = append(templates, tpl)
+			switch o := o.(type) {
+			case *resourceapi.ResourceClaimTemplate:
+				templates = append(templates, o)
+			case *resourceapi.ResourceClaim:
+				templates = append(templates, &resourceapi.ResourceClaimTemplate{ObjectMeta: o.ObjectMeta, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: o.Spec}})
 			}
 		}
 		if len(templates) == 0 {
@@ -147,5 +170,57 @@ func applyDefaults(spec *resourceapi.ResourceClaimSpec) {
 		for j := range r.FirstAvailable {
 			one(&r.FirstAvailable[j].AllocationMode, &r.FirstAvailable[j].Count)
 		}
+	}
+}
+
+// TestExampleConfigsDecode checks every Tessera opaque config in the
+// examples with the code the plugin and the webhook use.
+func TestExampleConfigsDecode(t *testing.T) {
+	checked := 0
+	for file, objs := range objects(t) {
+		for _, o := range objs {
+			var configs []resourceapi.DeviceClaimConfiguration
+			switch o := o.(type) {
+			case *resourceapi.ResourceClaim:
+				configs = o.Spec.Devices.Config
+			case *resourceapi.ResourceClaimTemplate:
+				configs = o.Spec.Spec.Devices.Config
+			}
+			for _, c := range configs {
+				if c.Opaque == nil || c.Opaque.Driver != "gpu.tessera.dev" {
+					continue
+				}
+				cfg, err := v1alpha1.Decode(c.Opaque.Parameters.Raw)
+				if err == nil {
+					err = v1alpha1.Validate(cfg).ToAggregate()
+				}
+				if err != nil {
+					t.Errorf("%s: %v", file, err)
+				}
+				checked++
+			}
+		}
+	}
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dc := range classes {
+		for _, c := range dc.Spec.Config {
+			if c.Opaque == nil || c.Opaque.Driver != "gpu.tessera.dev" {
+				continue
+			}
+			cfg, err := v1alpha1.Decode(c.Opaque.Parameters.Raw)
+			if err == nil {
+				err = v1alpha1.Validate(cfg).ToAggregate()
+			}
+			if err != nil {
+				t.Errorf("DeviceClass %s: %v", dc.Name, err)
+			}
+			checked++
+		}
+	}
+	if checked < 4 {
+		t.Errorf("checked %d configs; the sharing examples and the MPS class have at least 4", checked)
 	}
 }
