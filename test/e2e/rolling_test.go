@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/test/gpunode"
+)
+
+// TestRollingUpdateServesEveryCallWithTwoPluginInstances plays a DaemonSet
+// rolling update with surge on one node: the old plugin pod (rolling-update
+// mode, --pod-uid) serves a GPU pod, the new one starts beside it and
+// registers, pods come and go while both run and after the old one stops,
+// and no prepare or unprepare fails. Claims prepared by the old instance are
+// unprepared by the new one: they share the node's checkpoint.
+func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
+	spec := l4Node
+	spec.options = func(o *plugin.Options) { o.PodUID = "plugin-pod-old" }
+	c := startTessera(t, spec)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	node := c.nodes[spec.name]
+	client := c.Client()
+	const ns = "rolling"
+	c.newNamespace(ctx, t, ns)
+	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	withGPU := func(name string) *corev1.Pod {
+		return newGPUPod(ns, name, corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")})
+	}
+	before := c.createAndRun(ctx, t, withGPU("before"))
+
+	// The new pod of the DaemonSet starts beside the old one.
+	registrations, err := node.DRAPluginRegistrations(gpunode.DriverName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pluginClient, err := gpunode.PluginClient(ctx, c.Cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newOpts := node.Options
+	newOpts.PodUID = "plugin-pod-new"
+	newer, err := plugin.Start(ctx, newOpts, pluginClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Stop()
+	if err := node.WaitRegistered(ctx, registrations); err != nil {
+		t.Fatal(err)
+	}
+	during := c.createAndRun(ctx, t, withGPU("during"))
+
+	// The old pod terminates; the new one serves alone.
+	node.StopPlugin()
+	firstClaim := c.claimOf(ctx, t, before, "gpu").UID
+	deletePods(ctx, t, c, before)
+	waitFor(ctx, t, "the first pod's CDI spec removed by the new instance", func() bool {
+		return !strings.Contains(strings.Join(node.cdiSpecs(), " "), string(firstClaim))
+	})
+	after := c.createAndRun(ctx, t, withGPU("after"))
+	deletePods(ctx, t, c, during, after)
+	waitFor(ctx, t, "every claim unprepared", func() bool { return len(node.cdiSpecs()) == 0 })
+
+	// Both instances wrote one checkpoint: it ends empty, with nothing
+	// held by a claim the old instance prepared.
+	store, err := checkpoint.NewStore(node.Options.PluginDataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, err := store.Load(); err != nil || len(data.Claims) != 0 {
+		t.Errorf("checkpoint after every pod is gone: %v claims %+v", err, data.Claims)
+	}
+
+	events, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		// The local kubelets have no cluster DNS; that warning is the
+		// harness's, not the driver's.
+		if e.Type == corev1.EventTypeWarning && e.Reason != "MissingClusterDNS" {
+			t.Errorf("a call failed during the rolling update: %s %s/%s: %s", e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message)
+		}
+	}
+}
