@@ -1,0 +1,52 @@
+package main
+
+import "fmt"
+
+// figure is one key of the report: which benchmark reports it, under which
+// b.ReportMetric unit, and the goal for it, if any.
+type figure struct {
+	Key       string
+	Benchmark string // without the -GOMAXPROCS suffix
+	Metric    string // the unit passed to b.ReportMetric
+	Unit      string // the unit written to the report
+	Goal      *goal
+}
+
+// goal is a bound a figure should meet: Op is "<", "<=" or ">=".
+type goal struct {
+	Op    string
+	Value float64
+}
+
+func (g goal) String() string { return fmt.Sprintf("%s %g", g.Op, g.Value) }
+
+func (g goal) met(v float64) bool {
+	switch g.Op {
+	case "<":
+		return v < g.Value
+	case "<=":
+		return v <= g.Value
+	default:
+		return v >= g.Value
+	}
+}
+
+func bound(op string, v float64) *goal { return &goal{Op: op, Value: v} }
+
+// figures are the report's keys, in the order of the table.
+var figures = []figure{
+	{"prepare_p50_ms", "BenchmarkPrepare", "ms/p50", "ms", nil},
+	{"prepare_p99_ms", "BenchmarkPrepare", "ms/p99", "ms", nil},
+	{"prepare_floor_p50_ms", "BenchmarkPrepare", "ms/floor-p50", "ms", nil},
+	{"prepare_vs_floor", "BenchmarkPrepare", "x/floor", "ratio", bound("<=", 2)},
+	{"prepare_claims_per_s_c1", "BenchmarkPrepareThroughput", "claims/s-c1", "claims/s", nil},
+	{"prepare_claims_per_s_c16", "BenchmarkPrepareThroughput", "claims/s-c16", "claims/s", nil},
+	{"prepare_concurrency_speedup", "BenchmarkPrepareThroughput", "speedup", "ratio", bound(">=", 8)},
+	{"allocator_us_per_claim_plain", "BenchmarkAllocatorMIGVsPlain", "us/plain-claim", "us", nil},
+	{"allocator_us_per_claim_mig", "BenchmarkAllocatorMIGVsPlain", "us/mig-claim", "us", nil},
+	{"allocator_mig_vs_plain", "BenchmarkAllocatorMIGVsPlain", "plain/mig", "ratio", bound(">=", 0.3)},
+	{"allocator_us_per_claim_500_nodes", "BenchmarkAllocator500Nodes", "us/claim", "us", nil},
+	{"publish_ms", "BenchmarkPublish", "ms/publish", "ms", bound("<", 500)},
+	{"plugin_rss_mib", "BenchmarkPublish", "MiB/rss", "MiB", bound("<", 50)},
+	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10)},
+}
