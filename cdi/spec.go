@@ -101,9 +101,9 @@ func (c ClaimSpec) String() string {
 	return fmt.Sprintf("claim %s/%s (%s)", c.ClaimNamespace, c.ClaimName, c.ClaimUID)
 }
 
-// toCDI validates spec and builds the CDI spec for it, at the lowest CDI
-// version its content needs.
-func (c ClaimSpec) toCDI() (*cdispec.Spec, error) {
+// toCDI validates spec and builds the CDI spec of the given kind for it, at
+// the lowest CDI version its content needs.
+func (c ClaimSpec) toCDI(kind string) (*cdispec.Spec, error) {
 	if err := validateClaimUID(c.ClaimUID); err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (c ClaimSpec) toCDI() (*cdispec.Spec, error) {
 		return nil, fmt.Errorf("common edits: %w", err)
 	}
 	raw := &cdispec.Spec{
-		Kind: Kind,
+		Kind: kind,
 		Annotations: map[string]string{
 			annotationClaimUID:       c.ClaimUID,
 			annotationClaimNamespace: c.ClaimNamespace,
@@ -212,11 +212,11 @@ func (e Edits) toCDI() (cdispec.ContainerEdits, error) {
 	return out, nil
 }
 
-// fromCDI rebuilds the ClaimSpec that Write turned into raw. It is the
-// inverse of toCDI for every spec that toCDI accepts.
-func fromCDI(raw *cdispec.Spec) (ClaimSpec, error) {
-	if raw.Kind != Kind {
-		return ClaimSpec{}, fmt.Errorf("kind %q, want %q", raw.Kind, Kind)
+// fromCDI rebuilds the ClaimSpec that Write turned into raw, a spec of the
+// given kind. It is the inverse of toCDI for every spec that toCDI accepts.
+func fromCDI(raw *cdispec.Spec, kind string) (ClaimSpec, error) {
+	if raw.Kind != kind {
+		return ClaimSpec{}, fmt.Errorf("kind %q, want %q", raw.Kind, kind)
 	}
 	c := ClaimSpec{
 		ClaimUID:       raw.Annotations[annotationClaimUID],

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 )
 
 // fileMode of every spec file: readable by the runtime, never world-writable.
@@ -18,43 +19,60 @@ const fileMode = 0o644
 // Store writes, removes and lists the spec files of claims in one directory
 // (usually /var/run/cdi, which the runtime watches).
 //
-// File contract: one file per claim, named
-// "gpu.tessera.dev-gpu_<claimUID>.json" (the CDI library's transient spec
-// name). Files appear and change only by rename, so the runtime never sees a
+// File contract: one file per claim and CDI class, named
+// "gpu.tessera.dev-<class>_<claimUID>.json" (the CDI library's transient spec
+// name; class "gpu" for NewStore). Stores of different classes share a
+// directory without seeing each other's files. Files appear and change only by rename, so the runtime never sees a
 // partial spec; temporary files start with "." and do not end in ".json", so
 // CDI scanners skip them. A crash mid-write can leave such a temporary file
 // behind; it is harmless. A Store holds no state besides its dir: calls for
 // different claims may run concurrently.
 type Store struct {
-	dir string
+	dir   string
+	class string
 }
 
-// NewStore returns a Store for dir, creating dir (mode 0755) if needed.
+// NewStore returns a Store of class Class for dir, creating dir (mode 0755)
+// if needed.
 func NewStore(dir string) (*Store, error) {
+	return NewStoreOfClass(dir, Class)
+}
+
+// NewStoreOfClass returns a Store whose specs and devices are of the given
+// CDI class (vendor Vendor), e.g. "domain" for gang domain channels.
+func NewStoreOfClass(dir, class string) (*Store, error) {
+	if err := parser.ValidateClassName(class); err != nil {
+		return nil, fmt.Errorf("CDI class %q: %w", class, err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI spec dir: %w", err)
 	}
-	return &Store{dir: dir}, nil
+	return &Store{dir: dir, class: class}, nil
 }
-
-// filePrefix starts the name of every spec file of ours.
-var filePrefix = cdiapi.GenerateTransientSpecName(Vendor, Class, "")
 
 // Path returns the path of the spec file of a claim.
 func (s *Store) Path(claimUID string) string {
-	return filepath.Join(s.dir, fileName(claimUID))
+	return filepath.Join(s.dir, s.fileName(claimUID))
 }
 
-func fileName(claimUID string) string {
-	return cdiapi.GenerateTransientSpecName(Vendor, Class, claimUID) + ".json"
+// filePrefix starts the name of every spec file of the store's class.
+func (s *Store) filePrefix() string {
+	return cdiapi.GenerateTransientSpecName(Vendor, s.class, "")
 }
+
+func (s *Store) fileName(claimUID string) string {
+	return cdiapi.GenerateTransientSpecName(Vendor, s.class, claimUID) + ".json"
+}
+
+// kind is the CDI kind of the store's specs.
+func (s *Store) kind() string { return Vendor + "/" + s.class }
 
 // Write validates spec, writes its CDI spec file atomically (replacing any
 // earlier one of the same claim) and returns the fully-qualified CDI device ID
 // of each device, keyed by the device's Name. A spec the CDI library would
 // reject never reaches the file name the runtime reads.
 func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
-	raw, err := spec.toCDI()
+	raw, err := spec.toCDI(s.kind())
 	if err != nil {
 		return nil, fmt.Errorf("%s: build CDI spec: %w", spec, err)
 	}
@@ -67,7 +85,7 @@ func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
 	}
 	ids := make(map[string]string, len(spec.Devices))
 	for _, d := range spec.Devices {
-		ids[d.Name] = DeviceID(spec.ClaimUID, d.Name)
+		ids[d.Name] = parser.QualifiedName(Vendor, s.class, cdiDeviceName(spec.ClaimUID, d.Name))
 	}
 	return ids, nil
 }
@@ -146,11 +164,11 @@ func (s *Store) List() ([]ClaimSpec, error) {
 	)
 	for _, e := range entries { // sorted by name, so by claim UID
 		name := e.Name()
-		if e.IsDir() || !strings.HasPrefix(name, filePrefix) || !strings.HasSuffix(name, ".json") {
+		if e.IsDir() || !strings.HasPrefix(name, s.filePrefix()) || !strings.HasSuffix(name, ".json") {
 			continue
 		}
 		path := filepath.Join(s.dir, name)
-		spec, err := readSpec(path)
+		spec, err := s.readSpec(path)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("CDI spec %s: %w; remove the file if its claim is gone", path, err))
 			continue
@@ -160,19 +178,19 @@ func (s *Store) List() ([]ClaimSpec, error) {
 	return specs, errors.Join(errs...)
 }
 
-func readSpec(path string) (ClaimSpec, error) {
+func (s *Store) readSpec(path string) (ClaimSpec, error) {
 	spec, err := cdiapi.ReadSpec(path, 0)
 	if err != nil {
 		return ClaimSpec{}, err
 	}
-	c, err := fromCDI(spec.Spec)
+	c, err := fromCDI(spec.Spec, s.kind())
 	if err != nil {
 		return ClaimSpec{}, err
 	}
 	if err := validateClaimUID(c.ClaimUID); err != nil {
 		return ClaimSpec{}, err
 	}
-	if fileName(c.ClaimUID) != filepath.Base(path) {
+	if s.fileName(c.ClaimUID) != filepath.Base(path) {
 		return ClaimSpec{}, fmt.Errorf("claim UID %q does not match the file name", c.ClaimUID)
 	}
 	return c, nil

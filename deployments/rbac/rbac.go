@@ -20,3 +20,12 @@ const (
 	Namespace            = "tessera-system"
 	KubeletPluginAccount = "tessera-kubelet-plugin"
 )
+
+// Controller is tessera-controller's service account and roles (apply after
+// KubeletPlugin, which creates the namespace).
+//
+//go:embed controller.yaml
+var Controller []byte
+
+// ControllerAccount is the service account tessera-controller runs as.
+const ControllerAccount = "tessera-controller"

@@ -66,38 +66,18 @@ func Explain(ctx context.Context, w io.Writer, client kubernetes.Interface, name
 		}
 		return nil
 	}
-	classList, err := client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	snap, err := simulate.List(ctx, client)
 	if err != nil {
-		return fmt.Errorf("list device classes: %w", err)
+		return err
 	}
-	sliceList, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list resource slices: %w", err)
-	}
-	claimList, err := client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list resource claims: %w", err)
-	}
-	var classes []*resourceapi.DeviceClass
-	for i := range classList.Items {
-		classes = append(classes, &classList.Items[i])
-	}
-	var slices []*resourceapi.ResourceSlice
 	nodes := map[string]bool{}
-	for i := range sliceList.Items {
-		s := &sliceList.Items[i]
-		slices = append(slices, s)
+	for _, s := range snap.Slices {
 		if s.Spec.NodeName != nil {
 			nodes[*s.Spec.NodeName] = true
 		}
 	}
-	live := simulate.New(classes, slices)
-	empty := simulate.New(classes, slices)
-	for _, c := range claimList.Items {
-		if c.Status.Allocation != nil && c.UID != claim.UID {
-			live.Commit(*c.Status.Allocation)
-		}
-	}
+	live := snap.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return c.UID == claim.UID })
+	empty := simulate.New(snap.Classes, snap.Slices)
 	var verdicts []nodeVerdict
 	for node := range nodes {
 		v, err := explainNode(ctx, live, empty, node, claim)

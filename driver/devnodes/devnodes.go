@@ -32,6 +32,9 @@ type Resolver struct {
 	// capsMajor and migMinors number the MIG capability devices.
 	capsMajor int64
 	migMinors map[string]int64
+	// imexMajor numbers the IMEX channel devices (imex.go); 0 when the
+	// host has none.
+	imexMajor int64
 }
 
 // New reads what the host says about NVIDIA's device numbers.
@@ -43,6 +46,7 @@ func New(devRoot, hostRoot string) (*Resolver, error) {
 	}
 	r.uvmMajor = majors["nvidia-uvm"]
 	r.capsMajor = majors["nvidia-caps"]
+	r.imexMajor = majors[imexDevice]
 	r.migMinors, err = readMIGMinors(filepath.Join(hostRoot, "proc", "driver", "nvidia-caps", "mig-minors"))
 	if err != nil {
 		return nil, err

@@ -73,11 +73,14 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 			return err
 		}
 	}
-	procDevices := fmt.Sprintf("Character devices:\n  1 mem\n%d nvidia-frontend\n%d nvidia-uvm\n%d nvidia-caps\n\nBlock devices:\n  8 sd\n", NvidiaMajor, UVMMajor, CapsMajor)
+	procDevices := fmt.Sprintf("Character devices:\n  1 mem\n%d nvidia-frontend\n%d nvidia-uvm\n%d nvidia-caps\n%s\nBlock devices:\n  8 sd\n", NvidiaMajor, UVMMajor, CapsMajor, imexProcDevices(p))
 	if err := mkfile(filepath.Join(dir, "proc", "devices"), procDevices, 0o444); err != nil {
 		return err
 	}
 	if err := mkfile(filepath.Join(dir, "proc", "driver", "nvidia-caps", "mig-minors"), migMinors(), 0o444); err != nil {
+		return err
+	}
+	if err := writeIMEXChannels(dir, p); err != nil {
 		return err
 	}
 	libDir := filepath.Join(dir, "usr", "lib", "x86_64-linux-gnu")

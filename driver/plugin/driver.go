@@ -16,6 +16,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
@@ -23,6 +24,8 @@ import (
 // Driver implements kubeletplugin.DRAPlugin.
 type Driver struct {
 	claims *prepare.Manager
+	// domains prepares claims allocated to gang domain devices.
+	domains *domain.Preparer
 	// fatal cancels the plugin when a background error cannot be retried.
 	fatal context.CancelCauseFunc
 	// health is nil when the DeviceHealth gate is off.
@@ -34,9 +37,10 @@ type Driver struct {
 	// shared is set in a rolling update: every call then reloads the
 	// checkpoint another instance may have changed.
 	shared *sharedState
-	// partitionsRefused is signalled when the API server drops the fields
-	// of partitionable devices: the publisher then falls back to static MIG.
-	partitionsRefused chan struct{}
+	// refused carries the features whose fields the API server drops
+	// (partitionable devices, consumable capacity): the publisher then
+	// stops offering what needs them.
+	refused chan []string
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -65,14 +69,21 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		err := d.claims.Unprepare(ctx, c.UID)
+		if err == nil {
+			err = d.domains.Unprepare(c.UID)
+		}
 		d.metrics.unprepared(err)
 		out[c.UID] = err
 	}
 	return out, nil
 }
 
-// prepare refuses a device on a lost GPU (health.go), else delegates.
+// prepare hands a claim on gang domain devices to the domain preparer,
+// refuses a device on a lost GPU (health.go), else delegates.
 func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if domain.Has(d.domains.Driver, c) {
+		return d.domains.Prepare(ctx, c)
+	}
 	if err := d.refuseLost(c); err != nil {
 		return nil, err
 	}
@@ -93,13 +104,21 @@ func (d *Driver) reloadShared() error {
 // that the DaemonSet restarts it.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
-	if errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRAPartitionableDevices") {
-		// An API server without partitionable devices strips the MIG
-		// counters: the scheduler could then hand out overlapping
-		// partitions. Stop offering them at once.
-		err = fmt.Errorf("%w: the API server does not serve partitionable devices; falling back to publishing the MIG devices an operator creates (as with --feature-gates=DynamicMIG=false); enable DRAPartitionableDevices on the API server for dynamic MIG", err)
+	if errors.As(err, &dropped) {
+		features := dropped.DisabledFeatures()
+		if dropsFields(features, "DRAPartitionableDevices") {
+			// An API server without partitionable devices strips the MIG
+			// counters: the scheduler could then hand out overlapping
+			// partitions. Stop offering them at once.
+			err = fmt.Errorf("%w: the API server does not serve partitionable devices; falling back to publishing the MIG devices an operator creates (as with --feature-gates=DynamicMIG=false); enable DRAPartitionableDevices on the API server for dynamic MIG", err)
+		}
+		if dropsFields(features, "DRAConsumableCapacity") {
+			// Without consumable capacity a shared GPU would look like an
+			// exclusive one and the scheduler would hand it out whole.
+			err = fmt.Errorf("%w: the API server does not serve consumable capacity; publishing shared GPUs (--time-sliced-gpus, --memory-shared-gpus) as whole GPUs instead; enable DRAConsumableCapacity on the API server (Kubernetes 1.34+) to share them", err)
+		}
 		select {
-		case d.partitionsRefused <- struct{}{}:
+		case d.refused <- features:
 		default:
 		}
 	}
@@ -118,3 +137,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 	return streamHealth(ctx, d.health, d.pool, reports)
 }
+
+// dropsFields says whether the API server's disabled features include
+// feature.
+func dropsFields(disabled []string, feature string) bool { return slices.Contains(disabled, feature) }

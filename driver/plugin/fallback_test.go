@@ -96,3 +96,66 @@ func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing
 		t.Errorf("whole gpu-1 while its partition is held: %q", msg)
 	}
 }
+
+// withoutConsumableCapacity makes the fake API server drop what consumable
+// capacity adds, as one with DRAConsumableCapacity off does.
+func withoutConsumableCapacity(c *fake.Clientset) {
+	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		a, ok := action.(interface{ GetObject() runtime.Object })
+		if !ok {
+			return false, nil, nil
+		}
+		if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
+			for i := range s.Spec.Devices {
+				d := &s.Spec.Devices[i]
+				d.AllowMultipleAllocations = nil
+				for name, c := range d.Capacity {
+					c.RequestPolicy = nil
+					d.Capacity[name] = c
+				}
+			}
+		}
+		return false, nil, nil
+	}
+	c.PrependReactor("create", "resourceslices", strip)
+	c.PrependReactor("update", "resourceslices", strip)
+}
+
+// TestSharedGPUsAreWithdrawnWhenTheAPIServerDropsConsumableCapacity: a shared
+// GPU stripped of allowMultipleAllocations would look exclusive and be handed
+// out whole, so the plugin republishes it as an ordinary whole GPU.
+func TestSharedGPUsAreWithdrawnWhenTheAPIServerDropsConsumableCapacity(t *testing.T) {
+	h := startWith(t, func(dir string, o *plugin.Options) {
+		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "pcie-l4x4", FakeRoot: filepath.Join(dir, "host")}
+		o.TimeSlicedGPUs = "0=4"
+		if err := o.Sharing.ParseTimeSliced(o.TimeSlicedGPUs); err != nil {
+			t.Fatal(err)
+		}
+	}, withoutConsumableCapacity)
+	deadline := time.Now().Add(20 * time.Second)
+	var shared bool
+	for time.Now().Before(deadline) {
+		list, err := h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared = false
+		for _, s := range list.Items {
+			for _, d := range s.Spec.Devices {
+				if _, ok := d.Capacity["timeSlices"]; ok {
+					shared = true
+				}
+			}
+		}
+		if len(list.Items) > 0 && !shared {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if shared {
+		t.Fatal("gpu-0 is still published with time slices after the API server dropped consumable capacity")
+	}
+	if _, msg := h.prepare(h.claim("whole", "gpu-0")); msg != "" {
+		t.Errorf("gpu-0 as a whole GPU after the fallback: %s", msg)
+	}
+}

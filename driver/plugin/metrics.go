@@ -1,17 +1,11 @@
 package plugin
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -87,56 +81,4 @@ func (m *claimMetrics) unprepared(err error) {
 		return
 	}
 	m.unprepares.WithLabelValues(result(err)).Inc()
-}
-
-// metricsServer serves /metrics and /healthz over HTTP.
-type metricsServer struct {
-	srv  *http.Server
-	addr string
-	done chan struct{}
-}
-
-// serveMetrics listens on addr and serves the registry at /metrics and the
-// plugin's liveness at /healthz (200 while it runs, 503 with the cause once
-// it stopped on its own) until stop.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, alive func() error) (*metricsServer, error) {
-	logger := klog.FromContext(ctx)
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on --metrics-address %s: %w; choose a free port or leave it empty to serve no metrics", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := alive(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	s := &metricsServer{
-		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
-		addr: ln.Addr().String(),
-		done: make(chan struct{}),
-	}
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Metrics server failed", "address", s.addr)
-		}
-	}()
-	logger.Info("Serving metrics", "address", s.addr)
-	return s, nil
-}
-
-// stop closes the listener and waits up to five seconds for scrapes in
-// flight.
-func (s *metricsServer) stop() {
-	if s == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.srv.Shutdown(ctx)
-	<-s.done
 }

@@ -7,11 +7,14 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/sharing"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
 
@@ -35,6 +38,17 @@ type Options struct {
 	// empty serves nothing.
 	MetricsAddress string
 
+	// TimeSlicedGPUs and MemorySharedGPUs choose the GPUs independent
+	// claims share (package sharing); Sharing is what they parse to.
+	TimeSlicedGPUs   string
+	MemorySharedGPUs string
+	Sharing          sharing.Policy
+	// Namespace is the plugin's namespace, where it runs MPS control
+	// daemons; MPSImage is the image they run (it needs no NVIDIA files:
+	// the driver's MPS binaries are mounted from the driver root).
+	Namespace string
+	MPSImage  string
+
 	// Health tunes device health monitoring (feature gate DeviceHealth).
 	Health health.Options
 	// FeatureGates are Tessera's gates (package features); nil means all at
@@ -52,6 +66,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket, checkpoint, GPU health state (health.json) and last-known GPU descriptions (gpus.json). Environment: PLUGIN_DATA_DIR.")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
 	fs.StringVar(&o.BootIDFile, "boot-id-file", env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
+	fs.StringVar(&o.TimeSlicedGPUs, "time-sliced-gpus", env("TIME_SLICED_GPUS", ""), "GPUs that independent claims share by time-slicing, each cut into N slices the scheduler hands out one per claim (never more than N): comma-separated SELECTOR=N, SELECTOR being all, a GPU index or a GPU UUID (e.g. all=4 or 0=2,1=8). Shared GPUs are offered whole only, not as MIG partitions. Environment: TIME_SLICED_GPUS.")
+	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
+	fs.StringVar(&o.Namespace, "namespace", env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
+	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused. Environment: MPS_IMAGE.")
 	o.Health.AddFlags(fs)
 	if o.FeatureGates == nil {
 		o.FeatureGates = features.New()
@@ -76,6 +94,15 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--metrics-address %q: want host:port (\":8080\", \"127.0.0.1:8080\") or empty for none: %w", o.MetricsAddress, err)
 		}
 	}
+	if err := o.Sharing.ParseTimeSliced(o.TimeSlicedGPUs); err != nil {
+		return err
+	}
+	if err := o.Sharing.ParseMemoryShared(o.MemorySharedGPUs); err != nil {
+		return err
+	}
+	if o.MPSImage != "" && o.Namespace == "" {
+		return fmt.Errorf("--mps-image needs --namespace (the plugin's namespace, where MPS daemon pods run)")
+	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
@@ -95,4 +122,13 @@ func (o *Options) gates() featuregate.FeatureGate {
 		return features.New()
 	}
 	return o.FeatureGates
+}
+
+// mpsDaemons runs MPS daemons as pods in the plugin's namespace; nil (MPS
+// claims refused) without --mps-image.
+func (o *Options) mpsDaemons(client kubernetes.Interface, driverRoot string) *mps.Daemons {
+	if o.MPSImage == "" {
+		return nil
+	}
+	return &mps.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}
 }

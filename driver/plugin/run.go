@@ -21,12 +21,16 @@ import (
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/features"
+	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
+	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/prepare"
 	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/metricsserver"
 )
 
 // Plugin is a running kubelet plugin.
@@ -40,7 +44,9 @@ type Plugin struct {
 	background sync.WaitGroup
 	metrics    *prometheus.Registry
 	// server serves the metrics; nil when --metrics-address is empty.
-	server *metricsServer
+	server *metricsserver.Server
+	// mps runs MPS daemons; nil without --mps-image.
+	mps *mps.Daemons
 }
 
 // Files the plugin keeps in --plugin-data-dir besides the checkpoint.
@@ -75,7 +81,8 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		gpus = withoutLost(logger, gpus)
 	}
 	logger.Info("Discovered GPUs", "count", len(gpus), "profile", node.Profile, "driverRoot", node.DriverRoot)
-	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
+	invOpts := inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG), Sharing: o.Sharing.For}
+	inv := inventory.Build(gpus, invOpts)
 	if _, err := slices.Build(o.Node.NodeName, inv, slices.Options{}); err != nil {
 		return nil, err
 	}
@@ -119,6 +126,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if o.PodUID != "" {
 		shared = &sharedState{lockPath: filepath.Join(o.PluginDataDir, serializeLockFile)}
 	}
+	var daemons prepare.MPSDaemons
+	mpsDaemons := o.mpsDaemons(client, node.DriverRoot)
+	if mpsDaemons != nil {
+		daemons = mpsDaemons
+	}
 	unlockRecovery, err := shared.lock()
 	if err != nil {
 		return nil, err
@@ -126,6 +138,8 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
+		Settings: gpuset.New(node.NVML), MPS: daemons,
+		ClaimEnv: domain.MemberEnv,
 	})
 	unlockRecovery()
 	if err != nil {
@@ -136,11 +150,17 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	d := &Driver{shared: shared, claims: mgr, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, partitionsRefused: make(chan struct{}, 1)}
-	var server *metricsServer
+	domainStore, err := cdi.NewStoreOfClass(o.CDIRoot, domain.CDIClass)
+	if err != nil {
+		cancel(err)
+		return nil, err
+	}
+	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev}
+	d := &Driver{shared: shared, claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
+	var server *metricsserver.Server
 	if o.MetricsAddress != "" {
 		alive := func() error { return context.Cause(ctx) }
-		if server, err = serveMetrics(ctx, o.MetricsAddress, metrics, alive); err != nil {
+		if server, err = metricsserver.Start(ctx, "--metrics-address", o.MetricsAddress, metrics, alive); err != nil {
 			cancel(err)
 			return nil, err
 		}
@@ -164,10 +184,10 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		cancel(err)
-		server.stop()
+		server.Stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {
@@ -180,7 +200,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	p.background.Add(1)
 	go func() {
 		defer p.background.Done()
-		p.publish(healthCtx, o.Node.NodeName, gpus, inv, monitor)
+		p.publish(healthCtx, o.Node.NodeName, gpus, invOpts, inv, monitor)
 	}()
 	p.background.Add(1)
 	go func() {
@@ -192,9 +212,10 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 }
 
 // publish publishes the node's devices, again with the new taints each time
-// a device's health changes, and with static MIG if the API server turns out
-// not to serve partitionable devices, until ctx ends.
-func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.GPU, inv *inventory.Inventory, monitor *health.Monitor) {
+// a device's health changes, with static MIG if the API server turns out not
+// to serve partitionable devices, and without shared GPUs if it does not
+// serve consumable capacity, until ctx ends.
+func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.GPU, opts inventory.Options, inv *inventory.Inventory, monitor *health.Monitor) {
 	var taints map[string][]resourceapi.DeviceTaint
 	publish := func() {
 		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
@@ -220,11 +241,18 @@ func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.
 		case s := <-changes:
 			taints = s.Taints()
 			publish()
-		case <-p.driver.partitionsRefused:
-			if len(inv.CounterSets) == 0 {
+		case features := <-p.driver.refused:
+			was := opts
+			if dropsFields(features, "DRAPartitionableDevices") {
+				opts.DynamicMIG = false
+			}
+			if dropsFields(features, "DRAConsumableCapacity") {
+				opts.Sharing = nil
+			}
+			if opts.DynamicMIG == was.DynamicMIG && (opts.Sharing == nil) == (was.Sharing == nil) {
 				continue
 			}
-			inv = inventory.Build(gpus, inventory.Options{DynamicMIG: false})
+			inv = inventory.Build(gpus, opts)
 			p.driver.claims.SetInventory(inv)
 			publish()
 		}
@@ -247,7 +275,7 @@ func (p *Plugin) Stop() {
 		<-p.driver.health.Done()
 	}
 	p.helper.Stop()
-	p.server.stop()
+	p.server.Stop()
 }
 
 // Driver is the DRA interface the kubelet calls, for tests.
@@ -265,7 +293,7 @@ func (p *Plugin) MetricsAddress() string {
 	if p.server == nil {
 		return ""
 	}
-	return p.server.addr
+	return p.server.Addr()
 }
 
 // withoutLost drops the GPUs discovery described from their last-known

@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -48,5 +49,22 @@ func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface
 				logger.Error(err, "Unprepare of a stale claim failed; retrying later", "claim", klog.KRef(c.Namespace, c.Name))
 			}
 		}
+		p.sweepMPS(ctx)
 	}, staleInterval)
+}
+
+// sweepMPS deletes MPS daemons of this node whose claims it no longer holds
+// (a checkpoint lost, or a daemon not stopped while the API was away).
+func (p *Plugin) sweepMPS(ctx context.Context) {
+	if p.mps == nil {
+		return
+	}
+	held := p.driver.claims.PreparedClaims()
+	keep := func(uid string) bool {
+		c, ok := held[types.UID(uid)]
+		return ok && c.MPS != nil
+	}
+	if err := p.mps.Sweep(ctx, keep); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot sweep MPS daemons; retrying later")
+	}
 }

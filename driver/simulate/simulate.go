@@ -60,6 +60,13 @@ func New(classes []*resourceapi.DeviceClass, slices []*resourceapi.ResourceSlice
 // Allocate asks the allocator to place claims on a node. It returns nil, nil
 // when they do not fit; the results are not recorded until Commit.
 func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	return c.AllocateOnNode(ctx, node, claims...)
+}
+
+// AllocateOnNode is Allocate on a node object, whose labels the pools' node
+// selectors are matched against.
+func (c *Cluster) AllocateOnNode(ctx context.Context, node *v1.Node, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
 	c.mu.Lock()
 	state := structured.AllocatedState{
 		AllocatedDevices:         c.allocated.Clone(),
@@ -71,7 +78,6 @@ func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*reso
 	if err != nil {
 		return nil, fmt.Errorf("create allocator: %w", err)
 	}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
 	return alloc.Allocate(ctx, node, claims)
 }
 

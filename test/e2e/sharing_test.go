@@ -25,6 +25,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	tc := startTessera(t, gpuNodeSpec{name: "share-node", profile: "pcie-l4x4", options: func(o *plugin.Options) {
 		o.TimeSlicedGPUs = "0=3"
 		o.MemorySharedGPUs = "1"
+		o.MPSImage = pause
 	}})
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 6*time.Minute)
@@ -79,6 +80,55 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 		deletePods(ctx, t, tc, pods...)
 		waitFor(ctx, t, "compute mode restored after the last pod", func() bool {
 			return n.Fake.ComputeMode(g.index) == nvml.COMPUTEMODE_PROHIBITED
+		})
+	})
+
+	t.Run("pods of one claim share a GPU through an MPS daemon pod", func(t *testing.T) {
+		const ns = "mps"
+		if err := tc.CreateNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		claim := &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "mps-gpu", Namespace: ns},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "mps.gpu.tessera.dev"}}},
+				Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+					Driver:     gpuClass,
+					Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50}}}`)},
+				}}}},
+			}},
+		}
+		if _, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var pods []*corev1.Pod
+		for _, name := range []string{"client-a", "client-b"} {
+			pod := tc.createAndRun(ctx, t, newGPUPod(ns, name, corev1.PodResourceClaim{Name: "gpu", ResourceClaimName: ptr.To(claim.Name)}))
+			env := tc.containerOf(t, pod).EnvMap()
+			if env["CUDA_MPS_PIPE_DIRECTORY"] == "" || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "50" {
+				t.Errorf("pod %s: MPS client env %v lacks the pipe directory or the thread limit", name, env)
+			}
+			pods = append(pods, pod)
+		}
+		got := tc.claimOf(ctx, t, pods[0], "gpu")
+		daemon := "tessera-mps-" + string(got.UID)
+		// The plugin started the daemon as its own service account; the
+		// kubelet runs it.
+		d, err := client.CoreV1().Pods("tessera-system").Get(ctx, daemon, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("MPS daemon pod: %v", err)
+		}
+		if d.Spec.NodeName != n.Name() || d.Status.Phase != corev1.PodRunning {
+			t.Errorf("MPS daemon pod on %q in phase %s, want running on %s", d.Spec.NodeName, d.Status.Phase, n.Name())
+		}
+		g := n.gpuOf(t, allocatedDevices(got)[0])
+		if mode := n.Fake.ComputeMode(g.index); mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+			t.Errorf("GPU %d compute mode %d under MPS, want ExclusiveProcess", g.index, mode)
+		}
+		deletePods(ctx, t, tc, pods...)
+		waitFor(ctx, t, "MPS daemon pod deleted after the last client", func() bool {
+			_, err := client.CoreV1().Pods("tessera-system").Get(ctx, daemon, metav1.GetOptions{})
+			return err != nil
 		})
 	})
 

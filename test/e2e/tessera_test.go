@@ -22,6 +22,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/test/cluster"
 	"github.com/tessera-dev/tessera/test/gpunode"
 )
@@ -41,6 +43,12 @@ const (
 // gpuNodeSpec is a cluster node and the fakenode profile it simulates.
 type gpuNodeSpec struct {
 	name, profile string
+	// clique, if set, puts the node's GPUs in this multi-node NVLink
+	// clique ("<clusterUUID>.<cliqueID>"); labels are the Node's labels.
+	clique string
+	labels map[string]string
+	// options, if set, changes the node's plugin flags (e.g. shared GPUs).
+	options func(*plugin.Options)
 }
 
 // tesseraCluster is a local cluster with Tessera's DeviceClasses and RBAC
@@ -62,7 +70,7 @@ func startTessera(t *testing.T, specs ...gpuNodeSpec) *tesseraCluster {
 	t.Helper()
 	var nodes []cluster.NodeSpec
 	for _, s := range specs {
-		nodes = append(nodes, cluster.NodeSpec{Name: s.name})
+		nodes = append(nodes, cluster.NodeSpec{Name: s.name, Labels: s.labels})
 	}
 	c := cluster.StartT(t, cluster.Options{Nodes: nodes})
 	_, ctx := ktesting.NewTestContext(t)
@@ -82,9 +90,15 @@ func startTessera(t *testing.T, specs ...gpuNodeSpec) *tesseraCluster {
 	}
 	tc := &tesseraCluster{Cluster: c, nodes: map[string]*gpuNode{}}
 	for _, s := range specs {
-		n, err := gpunode.New(ctx, c.Node(s.name), s.profile, t.TempDir(), client)
+		n, err := gpunode.NewWith(ctx, c.Node(s.name), s.profile, t.TempDir(), client, fakenode.Options{Clique: s.clique})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if s.options != nil {
+			s.options(&n.Options)
+			if err := n.Options.Validate(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		tc.nodes[s.name] = &gpuNode{n}
 		t.Cleanup(n.StopPlugin)

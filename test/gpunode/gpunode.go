@@ -84,7 +84,14 @@ type Node struct {
 // (sysfs, device nodes, driver libraries) and boot ID under dir. The plugin
 // runs with ctx (for its logger and lifetime) once StartPlugin is called.
 func New(ctx context.Context, node *cluster.Node, profile, dir string, client kubernetes.Interface) (*Node, error) {
-	fake, err := fakenode.New(profile, fakenode.Options{Dir: filepath.Join(dir, "host"), NodeName: node.Name()})
+	return NewWith(ctx, node, profile, dir, client, fakenode.Options{})
+}
+
+// NewWith is New with fake node options (e.g. Clique, to join several trays
+// in one multi-node NVLink clique); Dir and NodeName are set by NewWith.
+func NewWith(ctx context.Context, node *cluster.Node, profile, dir string, client kubernetes.Interface, fo fakenode.Options) (*Node, error) {
+	fo.Dir, fo.NodeName = filepath.Join(dir, "host"), node.Name()
+	fake, err := fakenode.New(profile, fo)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node.Name(), err)
 	}
@@ -105,6 +112,7 @@ func New(ctx context.Context, node *cluster.Node, profile, dir string, client ku
 		BootIDFile:    bootID,
 		KubeAPIQPS:    50,
 		KubeAPIBurst:  100,
+		Namespace:     rbac.Namespace,
 	}
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("node %s: plugin options: %w", node.Name(), err)

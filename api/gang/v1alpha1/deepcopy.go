@@ -1,0 +1,87 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Hand-written deep copies (no code generators offline); keep them in step
+// with types.go.
+
+// DeepCopyInto copies g into out.
+func (g *Gang) DeepCopyInto(out *Gang) {
+	*out = *g
+	out.TypeMeta = g.TypeMeta
+	g.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	g.Spec.DeepCopyInto(&out.Spec)
+	g.Status.DeepCopyInto(&out.Status)
+}
+
+// DeepCopy returns a copy of g.
+func (g *Gang) DeepCopy() *Gang {
+	if g == nil {
+		return nil
+	}
+	out := new(Gang)
+	g.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (g *Gang) DeepCopyObject() runtime.Object { return g.DeepCopy() }
+
+// DeepCopyInto copies s into out.
+func (s *GangSpec) DeepCopyInto(out *GangSpec) {
+	*out = *s
+	s.Selector.DeepCopyInto(&out.Selector)
+}
+
+// DeepCopyInto copies s into out.
+func (s *GangStatus) DeepCopyInto(out *GangStatus) {
+	*out = *s
+	if s.Nodes != nil {
+		out.Nodes = append([]string(nil), s.Nodes...)
+	}
+	if s.Conditions != nil {
+		out.Conditions = make([]metav1.Condition, len(s.Conditions))
+		for i := range s.Conditions {
+			s.Conditions[i].DeepCopyInto(&out.Conditions[i])
+		}
+	}
+}
+
+// DeepCopyInto copies l into out.
+func (l *GangList) DeepCopyInto(out *GangList) {
+	*out = *l
+	out.TypeMeta = l.TypeMeta
+	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	if l.Items != nil {
+		out.Items = make([]Gang, len(l.Items))
+		for i := range l.Items {
+			l.Items[i].DeepCopyInto(&out.Items[i])
+		}
+	}
+}
+
+// DeepCopy returns a copy of l.
+func (l *GangList) DeepCopy() *GangList {
+	if l == nil {
+		return nil
+	}
+	out := new(GangList)
+	l.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (l *GangList) DeepCopyObject() runtime.Object { return l.DeepCopy() }
+
+// DeepCopy returns a copy of s.
+func (s *GangStatus) DeepCopy() *GangStatus {
+	if s == nil {
+		return nil
+	}
+	out := new(GangStatus)
+	s.DeepCopyInto(out)
+	return out
+}

@@ -1,0 +1,145 @@
+// Package v1alpha1 is the Gang API (gang.tessera.dev/v1alpha1): a group of
+// pods that must be placed together, all or nothing, inside one domain (an
+// NVLink clique or a node-label topology domain), and the annotations through
+// which the gang controller and the kubelet plugin share its placement. It
+// imports nothing of Tessera's.
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Group, Version and Resource of the API.
+const (
+	Group    = "gang.tessera.dev"
+	Version  = "v1alpha1"
+	Kind     = "Gang"
+	Resource = "gangs"
+)
+
+// GroupVersionResource is the gangs resource.
+var GroupVersionResource = schema.GroupVersionResource{Group: Group, Version: Version, Resource: Resource}
+
+// SchedulingGate is the pod scheduling gate that holds a member until the
+// controller has placed the whole gang. Members must be created with it (in
+// a Job's pod template): a member without it is scheduled alone.
+const SchedulingGate = Group + "/placement"
+
+// Annotations the controller writes. On the gang: the committed placement. On
+// member pods and their claims (the per-pod GPU claims and the shared domain
+// claim): which gang and placement they belong to, the gang's size and the
+// member's rank. The kubelet plugin reads the claims' annotations to tell
+// each container its gang, size and rank.
+const (
+	// AnnotationPlacement names the placement (an ID) a claim or pod was
+	// written for.
+	AnnotationPlacement = Group + "/placement"
+	// AnnotationCommitted, on the gang, names the placement whose claims
+	// were all written: only its members' gates are released. A placement
+	// without it is rolled back.
+	AnnotationCommitted = Group + "/committed-placement"
+	// AnnotationGang is "<namespace>/<name>" of the gang.
+	AnnotationGang = Group + "/gang"
+	// AnnotationSize is the gang's size.
+	AnnotationSize = Group + "/size"
+	// AnnotationRank is the member's rank, 0 to size-1.
+	AnnotationRank = Group + "/rank"
+)
+
+// Finalizer keeps a gang until an uncommitted placement of it is rolled back.
+const Finalizer = Group + "/rollback"
+
+// Environment the kubelet plugin gives each container of a member.
+const (
+	EnvGang     = "TESSERA_GANG"
+	EnvGangSize = "TESSERA_GANG_SIZE"
+	EnvGangRank = "TESSERA_GANG_RANK"
+	EnvDomain   = "TESSERA_DOMAIN"
+	EnvChannel  = "TESSERA_DOMAIN_CHANNEL"
+)
+
+// MaxSizeWithDomainClaim is the largest gang that can share one domain claim:
+// a claim is reserved for at most 256 pods (resource.k8s.io/v1).
+const MaxSizeWithDomainClaim = 256
+
+// Gang is a group of pods placed together, all or nothing, in one domain.
+type Gang struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   GangSpec   `json:"spec"`
+	Status GangStatus `json:"status,omitempty"`
+}
+
+// GangSpec says which pods form the gang.
+type GangSpec struct {
+	// Size is how many members the gang needs; none is placed before all
+	// exist and fit.
+	Size int32 `json:"size"`
+	// Selector picks the members among the namespace's pods (e.g. the
+	// job-name label of an indexed Job, or a label of your own).
+	Selector metav1.LabelSelector `json:"selector"`
+	// DomainClaimName names the ResourceClaim (class domain.gpu.tessera.dev)
+	// every member shares; the controller allocates it to a domain device,
+	// which confines the gang to that domain and gives each container the
+	// domain's channel. Optional: without it the gang is still placed inside
+	// one domain, without a channel. At most 256 members can share it.
+	DomainClaimName string `json:"domainClaimName,omitempty"`
+}
+
+// GangStatus is what the controller last observed and did.
+type GangStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Members is how many member pods exist (not finished).
+	Members int32 `json:"members,omitempty"`
+	// Domain is the domain the gang is placed in ("<pool>/<device>" of the
+	// domain device, or the domain's pool when there is no domain claim).
+	Domain string `json:"domain,omitempty"`
+	// Nodes are the nodes the members were placed on.
+	Nodes []string `json:"nodes,omitempty"`
+	// Conditions: Waiting, Placed, Running, Failed.
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition types.
+const (
+	// ConditionWaiting is true while the gang's members are held: the reason
+	// and message say why (members missing, no domain fits and what the
+	// closest one lacks).
+	ConditionWaiting = "Waiting"
+	// ConditionPlaced is true once every member's claims are allocated in one
+	// domain and the members are released to the scheduler.
+	ConditionPlaced = "Placed"
+	// ConditionRunning is true while every member runs (or has succeeded).
+	ConditionRunning = "Running"
+	// ConditionFailed is true when a placed gang lost a member (failed,
+	// deleted, its node gone); the remaining members are evicted and the gang
+	// placed again once its workload recreates them.
+	ConditionFailed = "Failed"
+)
+
+// Reasons of the conditions.
+const (
+	ReasonMembersMissing   = "MembersMissing"
+	ReasonTooManyMembers   = "TooManyMembers"
+	ReasonClaimsPending    = "ClaimsPending"
+	ReasonInvalid          = "InvalidGang"
+	ReasonNoDomainFits     = "NoDomainFits"
+	ReasonPlaced           = "Placed"
+	ReasonRunning          = "Running"
+	ReasonNotRunning       = "MembersNotRunning"
+	ReasonMemberLost       = "MemberLost"
+	ReasonRolledBack       = "RolledBack"
+	ReasonConflict         = "AllocationConflict"
+	ReasonNone             = "None"
+	ReasonPlacementPending = "PlacementPending"
+)
+
+// GangList is a list of gangs.
+type GangList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Gang `json:"items"`
+}

@@ -1,0 +1,76 @@
+package gang
+
+import (
+	"context"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+)
+
+// gangClient reads and writes gangs through the dynamic client (no
+// generated clientset: the types are hand-written).
+type gangClient struct {
+	dyn dynamic.Interface
+}
+
+func (c gangClient) resource(ns string) dynamic.ResourceInterface {
+	return c.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns)
+}
+
+// FromUnstructured converts a gang read through the dynamic client.
+func FromUnstructured(u *unstructured.Unstructured) (*gangv1.Gang, error) {
+	var g gangv1.Gang
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &g); err != nil {
+		return nil, fmt.Errorf("decode gang %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	g.APIVersion, g.Kind = gangv1.Group+"/"+gangv1.Version, gangv1.Kind
+	return &g, nil
+}
+
+func toUnstructured(g *gangv1.Gang) (*unstructured.Unstructured, error) {
+	g = g.DeepCopy()
+	g.APIVersion, g.Kind = gangv1.Group+"/"+gangv1.Version, gangv1.Kind
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
+	if err != nil {
+		return nil, fmt.Errorf("encode gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	return &unstructured.Unstructured{Object: obj}, nil
+}
+
+func (c gangClient) get(ctx context.Context, ns, name string) (*gangv1.Gang, error) {
+	u, err := c.resource(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return FromUnstructured(u)
+}
+
+// update writes metadata and spec (annotations, finalizers).
+func (c gangClient) update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+	u, err := toUnstructured(g)
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.resource(g.Namespace).Update(ctx, u, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return FromUnstructured(out)
+}
+
+func (c gangClient) updateStatus(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+	u, err := toUnstructured(g)
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.resource(g.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return FromUnstructured(out)
+}

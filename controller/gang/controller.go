@@ -1,0 +1,252 @@
+// Package gang places gangs (api/gang/v1alpha1): when every member of a gang
+// exists and the whole gang fits in one domain, checked with the scheduler's
+// own allocator against the live slices and every allocated claim, it
+// allocates the shared domain claim and each member's claims itself, reserves
+// them for the members, pins each member to its node and releases every
+// scheduling gate together; the scheduler then only binds. A gang that does
+// not fit stays gated and holds nothing. State lives in the API, so a
+// restarted controller resumes a committed placement or rolls back an
+// unfinished one (see reconcile.go and docs/gang.md).
+package gang
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+)
+
+// Options configure the gang controller.
+type Options struct {
+	// Driver is the DRA driver name of the GPUs and domains.
+	Driver string
+	// Resync looks at every gang again this often (a safety net; events
+	// drive the work).
+	Resync time.Duration
+	// Metrics, if set, counts placements.
+	Metrics *Metrics
+	// Interrupt, for tests only, is asked at each Step*; returning true
+	// stops the placement there without rollback, as a crash would, and
+	// stops the controller.
+	Interrupt func(step string) bool
+}
+
+// Controller places gangs. Placements run one at a time, so two gangs never
+// race for the same devices inside the controller.
+type Controller struct {
+	r         *reconciler
+	queue     workqueue.TypedRateLimitingInterface[string]
+	gangInf   cache.SharedIndexInformer
+	synced    []cache.InformerSynced
+	broadcast record.EventBroadcaster
+
+	mu        sync.Mutex
+	selectors map[string]labels.Selector // gang key -> member selector
+	stopped   chan error
+}
+
+// New wires the controller to the informer factories (started by the caller
+// after New).
+func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, factory informers.SharedInformerFactory, dynFactory dynamicinformer.DynamicSharedInformerFactory, opts Options) (*Controller, error) {
+	broadcast := record.NewBroadcaster(record.WithContext(ctx))
+	broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	recorder := broadcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "tessera-controller"})
+	pods := factory.Core().V1().Pods()
+	claims := factory.Resource().V1().ResourceClaims()
+	nodes := factory.Core().V1().Nodes()
+	slices := factory.Resource().V1().ResourceSlices()
+	gangs := dynFactory.ForResource(gangv1.GroupVersionResource)
+	c := &Controller{
+		r: &reconciler{
+			client: client, gangs: gangClient{dyn: dyn}, driver: opts.Driver,
+			pods: pods.Lister(), claims: claims.Lister(), nodes: nodes.Lister(),
+			recorder: recorder, interrupt: opts.Interrupt, metrics: opts.Metrics,
+		},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gangs"}),
+		gangInf:   gangs.Informer(),
+		broadcast: broadcast,
+		selectors: map[string]labels.Selector{},
+		stopped:   make(chan error, 1),
+	}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{c.gangInf, cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.gangChanged,
+			UpdateFunc: func(_, o any) { c.gangChanged(o) },
+			DeleteFunc: c.gangDeleted,
+		}},
+		{pods.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.podChanged,
+			UpdateFunc: func(_, o any) { c.podChanged(o) },
+			DeleteFunc: c.podChanged,
+		}},
+		{claims.Informer(), cache.ResourceEventHandlerFuncs{
+			UpdateFunc: func(o, n any) { c.claimChanged(o, n) },
+			DeleteFunc: func(o any) { c.claimChanged(o, nil) },
+		}},
+		{slices.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { c.enqueueAll() },
+			UpdateFunc: func(any, any) { c.enqueueAll() },
+			DeleteFunc: func(any) { c.enqueueAll() },
+		}},
+		{nodes.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { c.enqueueAll() },
+			DeleteFunc: func(any) { c.enqueueAll() },
+		}},
+	}
+	for _, h := range handlers {
+		reg, err := h.inf.AddEventHandlerWithResyncPeriod(h.h, opts.Resync)
+		if err != nil {
+			return nil, fmt.Errorf("watch: %w", err)
+		}
+		c.synced = append(c.synced, reg.HasSynced)
+	}
+	return c, nil
+}
+
+// Run places gangs until ctx ends (or an Interrupt hook fires: then it
+// returns errInterrupted's cause).
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	defer c.broadcast.Shutdown()
+	defer c.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return ctx.Err()
+	}
+	logger.Info("Gang controller started")
+	go func() {
+		for c.work(ctx) {
+		}
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-c.stopped:
+		return err
+	}
+}
+
+func (c *Controller) work(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		c.queue.Forget(key)
+		return true
+	}
+	res, err := c.r.reconcile(ctx, ns, name)
+	if err == errInterrupted {
+		c.stopped <- err
+		return false
+	}
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reconciling gang failed; retrying", "gang", key)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	if res.requeueAfter > 0 {
+		c.queue.AddAfter(key, res.requeueAfter)
+	}
+	return true
+}
+
+func (c *Controller) gangChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	key := u.GetNamespace() + "/" + u.GetName()
+	if g, err := FromUnstructured(u); err == nil {
+		if sel, err := gangv1.Validate(g); err == nil {
+			c.mu.Lock()
+			c.selectors[key] = sel
+			c.mu.Unlock()
+		}
+	}
+	c.queue.Add(key)
+}
+
+func (c *Controller) gangDeleted(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		c.mu.Lock()
+		delete(c.selectors, u.GetNamespace()+"/"+u.GetName())
+		c.mu.Unlock()
+	}
+}
+
+// podChanged enqueues the gangs whose selector picks the pod.
+func (c *Controller) podChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, sel := range c.selectors {
+		if ns, _, _ := cache.SplitMetaNamespaceKey(key); ns == p.Namespace && sel.Matches(labels.Set(p.Labels)) {
+			c.queue.Add(key)
+		}
+	}
+}
+
+// claimChanged enqueues the claim's gang, and every gang when devices were
+// freed (a waiting gang may fit now).
+func (c *Controller) claimChanged(oldObj, newObj any) {
+	if d, ok := oldObj.(cache.DeletedFinalStateUnknown); ok {
+		oldObj = d.Obj
+	}
+	old, _ := oldObj.(*resourceapi.ResourceClaim)
+	cur, _ := newObj.(*resourceapi.ResourceClaim)
+	if old == nil {
+		return
+	}
+	if old.Status.Allocation != nil && (cur == nil || cur.Status.Allocation == nil) {
+		c.enqueueAll()
+		return
+	}
+	if g := old.Annotations[gangv1.AnnotationGang]; g != "" {
+		c.queue.Add(g)
+	}
+}
+
+func (c *Controller) enqueueAll() {
+	for _, o := range c.gangInf.GetStore().List() {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			c.queue.Add(u.GetNamespace() + "/" + u.GetName())
+		}
+	}
+}

@@ -1,0 +1,277 @@
+package gang
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/driver/domain"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// candidate is a published domain pool.
+type candidate struct {
+	pool  string
+	nodes []string
+}
+
+// plan is a placement of the whole gang in one domain, found by the
+// scheduler's allocator against a snapshot.
+type plan struct {
+	pool string
+	// domainAlloc is the shared domain claim's allocation; nil without a
+	// domain claim.
+	domainAlloc *resourceapi.AllocationResult
+	// nodes[i] and allocs[i] are member i's node and its claims' allocations
+	// (in the order of member.claims).
+	nodes  []string
+	allocs [][]resourceapi.AllocationResult
+}
+
+// device is where a plan's domain claim went ("<pool>/<device>"), or the pool.
+func (p *plan) device() string {
+	if p.domainAlloc == nil || len(p.domainAlloc.Devices.Results) == 0 {
+		return p.pool
+	}
+	r := p.domainAlloc.Devices.Results[0]
+	return r.Pool + "/" + r.Device
+}
+
+// verdict is how close one domain came.
+type verdict struct {
+	pool   string
+	placed int
+	lacks  string
+}
+
+// candidates lists the published domain pools of driver (newest generation
+// of each) with the nodes their selector matches, smallest first (fewest
+// nodes), then by name: the smallest domain that fits is chosen, which keeps
+// large domains whole.
+func candidates(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node) []candidate {
+	type seen struct {
+		gen int64
+		sel *v1.NodeSelector
+	}
+	pools := map[string]seen{}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver != driver || s.Spec.NodeName != nil || s.Spec.NodeSelector == nil {
+			continue
+		}
+		if _, _, ok := domain.ParsePool(s.Spec.Pool.Name); !ok {
+			continue
+		}
+		if p, ok := pools[s.Spec.Pool.Name]; ok && p.gen > s.Spec.Pool.Generation {
+			continue
+		}
+		pools[s.Spec.Pool.Name] = seen{gen: s.Spec.Pool.Generation, sel: s.Spec.NodeSelector}
+	}
+	out := make([]candidate, 0, len(pools))
+	for name, p := range pools {
+		sel, err := nodeaffinity.NewNodeSelector(p.sel)
+		if err != nil {
+			continue
+		}
+		c := candidate{pool: name}
+		for _, n := range nodes {
+			if sel.Match(n) {
+				c.nodes = append(c.nodes, n.Name)
+			}
+		}
+		if len(c.nodes) > 0 {
+			sort.Strings(c.nodes)
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if len(out[i].nodes) != len(out[j].nodes) {
+			return len(out[i].nodes) < len(out[j].nodes)
+		}
+		return out[i].pool < out[j].pool
+	})
+	return out
+}
+
+// search finds the smallest domain the whole gang fits in, with the
+// scheduler's allocator over the snapshot (every allocated claim but the
+// gang's own counts as taken). It returns nil and every domain's verdict,
+// closest first, when none fits.
+func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, v *view) (*plan, []verdict, error) {
+	own := map[types.UID]bool{}
+	if v.domainClaim != nil {
+		own[v.domainClaim.UID] = true
+	}
+	for _, m := range v.live {
+		for _, c := range m.claims {
+			own[c.UID] = true
+		}
+	}
+	nodeSlices := map[string][]*resourceapi.ResourceSlice{}
+	poolSlices := map[string][]*resourceapi.ResourceSlice{}
+	for _, s := range snap.Slices {
+		switch {
+		case s.Spec.NodeName != nil:
+			nodeSlices[*s.Spec.NodeName] = append(nodeSlices[*s.Spec.NodeName], s)
+		default:
+			poolSlices[s.Spec.Pool.Name] = append(poolSlices[s.Spec.Pool.Name], s)
+		}
+	}
+	var verdicts []verdict
+	for _, cand := range candidates(snap, driver, nodes) {
+		sub := &simulate.Snapshot{Classes: snap.Classes, Claims: snap.Claims, Slices: poolSlices[cand.pool]}
+		for _, n := range cand.nodes {
+			sub.Slices = append(sub.Slices, nodeSlices[n]...)
+		}
+		cluster := sub.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return own[c.UID] })
+		p, vd, err := fitDomain(ctx, cluster, cand, nodes, v)
+		if err != nil {
+			return nil, nil, err
+		}
+		if p != nil {
+			klog.FromContext(ctx).V(3).Info("Domain fits the gang", "pool", cand.pool, "nodes", len(cand.nodes))
+			return p, nil, nil
+		}
+		verdicts = append(verdicts, vd)
+	}
+	sort.SliceStable(verdicts, func(i, j int) bool { return verdicts[i].placed > verdicts[j].placed })
+	return nil, verdicts, nil
+}
+
+// fitDomain places the domain claim and then each member, in rank order, on
+// the first node of the domain (in name order, resuming where the previous
+// member went) that the allocator accepts; it packs members onto as few
+// nodes as it can. A node found full for one shape of claims is not tried
+// again for that shape, so the search is linear in members plus nodes.
+func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, v *view) (*plan, verdict, error) {
+	vd := verdict{pool: cand.pool}
+	var usable []*v1.Node
+	for _, name := range cand.nodes {
+		if n, ok := nodes[name]; ok && n.DeletionTimestamp == nil && !n.Spec.Unschedulable {
+			usable = append(usable, n)
+		}
+	}
+	if len(usable) == 0 {
+		vd.lacks = "none of its nodes is schedulable"
+		return nil, vd, nil
+	}
+	p := &plan{pool: cand.pool}
+	if v.domainClaim != nil {
+		res, err := cluster.AllocateOnNode(ctx, usable[0], v.domainClaim)
+		if err != nil {
+			return nil, vd, fmt.Errorf("domain %s: allocate domain claim %s/%s: %w", cand.pool, v.domainClaim.Namespace, v.domainClaim.Name, err)
+		}
+		if res == nil {
+			vd.lacks = fmt.Sprintf("no free channel matches domain claim %s (all taken by other gangs, or its selectors rule this domain out)", v.domainClaim.Name)
+			return nil, vd, nil
+		}
+		cluster.Commit(res...)
+		p.domainAlloc = &res[0]
+	}
+	full := map[string]map[string]bool{} // claim shape -> nodes without room
+	cursor := 0
+	for _, m := range v.live {
+		shape := shapeOf(m.claims)
+		if full[shape] == nil {
+			full[shape] = map[string]bool{}
+		}
+		if len(m.claims) == 0 {
+			p.nodes = append(p.nodes, "") // confined by the domain claim alone
+			p.allocs = append(p.allocs, nil)
+			continue
+		}
+		placed := false
+		for k := range usable {
+			n := usable[(cursor+k)%len(usable)]
+			if full[shape][n.Name] || !podFits(m.pod, n) {
+				continue
+			}
+			res, err := cluster.AllocateOnNode(ctx, n, m.claims...)
+			if err != nil {
+				return nil, vd, fmt.Errorf("domain %s: member %s on node %s: %w", cand.pool, m.ref(), n.Name, err)
+			}
+			if res == nil {
+				full[shape][n.Name] = true
+				continue
+			}
+			cluster.Commit(res...)
+			p.nodes = append(p.nodes, n.Name)
+			p.allocs = append(p.allocs, res)
+			cursor = (cursor + k) % len(usable)
+			placed = true
+			break
+		}
+		if !placed {
+			vd.placed = len(p.nodes)
+			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (rank %d), whose claims need %s", len(p.nodes), len(v.live), m.ref(), m.rank, describeClaims(m.claims))
+			return nil, vd, nil
+		}
+	}
+	return p, vd, nil
+}
+
+// podFits checks what the allocator does not: the pod's node selector and
+// required affinity, and taints it does not tolerate.
+func podFits(pod *v1.Pod, n *v1.Node) bool {
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(n); err != nil || !ok {
+		return false
+	}
+	for i := range n.Spec.Taints {
+		t := &n.Spec.Taints[i]
+		if t.Effect != v1.TaintEffectNoSchedule && t.Effect != v1.TaintEffectNoExecute {
+			continue
+		}
+		tolerated := false
+		for j := range pod.Spec.Tolerations {
+			if pod.Spec.Tolerations[j].ToleratesTaint(klog.Background(), t, false) {
+				tolerated = true
+				break
+			}
+		}
+		if !tolerated {
+			return false
+		}
+	}
+	return true
+}
+
+// shapeOf keys claims by what they ask for: members with equal shapes fit
+// the same nodes.
+func shapeOf(claims []*resourceapi.ResourceClaim) string {
+	var b strings.Builder
+	for _, c := range claims {
+		raw, _ := json.Marshal(c.Spec)
+		b.Write(raw)
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// describeClaims says in words what claims ask for.
+func describeClaims(claims []*resourceapi.ResourceClaim) string {
+	var parts []string
+	for _, c := range claims {
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly != nil {
+				count := fmt.Sprint(r.Exactly.Count)
+				if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
+					count = "all"
+				}
+				parts = append(parts, fmt.Sprintf("%s %s", count, r.Exactly.DeviceClassName))
+			} else {
+				parts = append(parts, fmt.Sprintf("request %s (with alternatives)", r.Name))
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "no devices"
+	}
+	return strings.Join(parts, " + ")
+}

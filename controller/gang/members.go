@@ -1,0 +1,157 @@
+package gang
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+)
+
+// jobIndexLabel is the completion index of an indexed Job's pod: the rank.
+const jobIndexLabel = "batch.kubernetes.io/job-completion-index"
+
+// member is one pod of a gang and its own claims.
+type member struct {
+	pod  *v1.Pod
+	rank int
+	// claims are the pod's own claims (from templates), in the pod's order;
+	// the shared domain claim is not among them.
+	claims []*resourceapi.ResourceClaim
+}
+
+func (m *member) ref() string { return m.pod.Namespace + "/" + m.pod.Name }
+
+func (m *member) gated() bool { return hasGate(m.pod) }
+
+func hasGate(p *v1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == gangv1.SchedulingGate {
+			return true
+		}
+	}
+	return false
+}
+
+// finished says whether a pod ran to an end (or is on its way out).
+func finished(p *v1.Pod) bool {
+	return p.DeletionTimestamp != nil || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
+}
+
+// view is what the reconciler sees of a gang's pods and claims.
+type view struct {
+	// live are the members that are neither finished nor being deleted,
+	// ranked.
+	live []*member
+	// all are every pod the selector picks, finished ones included.
+	all []*v1.Pod
+	// domainClaim is the shared claim; nil without one (or not created yet).
+	domainClaim *resourceapi.ResourceClaim
+	// pending says why the members' claims are not complete yet; empty
+	// when they are.
+	pending string
+	// invalid says why the members cannot form this gang; empty when they can.
+	invalid string
+}
+
+// claimGetter looks claims up (an informer's lister).
+type claimGetter func(namespace, name string) (*resourceapi.ResourceClaim, error)
+
+// observe collects the gang's members and claims.
+func observe(g *gangv1.Gang, sel labels.Selector, pods []*v1.Pod, getClaim claimGetter) *view {
+	v := &view{}
+	for _, p := range pods {
+		if !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		v.all = append(v.all, p)
+		if finished(p) {
+			continue
+		}
+		m := &member{pod: p}
+		v.live = append(v.live, m)
+		if why := v.collectClaims(g, m, getClaim); why != "" && v.pending == "" {
+			v.pending = why
+		}
+	}
+	sort.Slice(v.all, func(i, j int) bool { return v.all[i].Name < v.all[j].Name })
+	if g.Spec.DomainClaimName != "" {
+		c, err := getClaim(g.Namespace, g.Spec.DomainClaimName)
+		if err != nil {
+			v.pending = fmt.Sprintf("domain claim %s/%s: %v; create it (class domain.gpu.tessera.dev)", g.Namespace, g.Spec.DomainClaimName, err)
+		}
+		v.domainClaim = c
+	}
+	v.rank()
+	return v
+}
+
+// collectClaims finds the member's own claims; it returns why they are not
+// all there yet, and marks the view invalid for a pod that cannot be placed.
+func (v *view) collectClaims(g *gangv1.Gang, m *member, getClaim claimGetter) string {
+	sharesDomain := false
+	for _, pc := range m.pod.Spec.ResourceClaims {
+		var name string
+		switch {
+		case pc.ResourceClaimName != nil && *pc.ResourceClaimName == g.Spec.DomainClaimName:
+			sharesDomain = true
+			continue
+		case pc.ResourceClaimName != nil:
+			v.invalid = fmt.Sprintf("member %s uses claim %s, which is neither the gang's domain claim nor from a template: the gang controller allocates only the domain claim and per-pod claims from templates", m.ref(), *pc.ResourceClaimName)
+			return ""
+		default:
+			found := false
+			for _, s := range m.pod.Status.ResourceClaimStatuses {
+				if s.Name == pc.Name {
+					found = true
+					if s.ResourceClaimName != nil {
+						name = *s.ResourceClaimName
+					}
+				}
+			}
+			if !found {
+				return fmt.Sprintf("the claims of member %s are not created yet (the resourceclaim controller creates them from their templates)", m.ref())
+			}
+			if name == "" {
+				continue // the template needs no claim for this pod
+			}
+		}
+		c, err := getClaim(m.pod.Namespace, name)
+		if err != nil {
+			return fmt.Sprintf("claim %s/%s of member %s: %v", m.pod.Namespace, name, m.ref(), err)
+		}
+		m.claims = append(m.claims, c)
+	}
+	if g.Spec.DomainClaimName != "" && !sharesDomain {
+		v.invalid = fmt.Sprintf("member %s does not use the gang's domain claim %s: add it to the pod's resourceClaims (resourceClaimName: %s)", m.ref(), g.Spec.DomainClaimName, g.Spec.DomainClaimName)
+	}
+	return ""
+}
+
+// rank numbers the live members: by their indexed Job completion index when
+// every member has a distinct one, else by pod name.
+func (v *view) rank() {
+	sort.Slice(v.live, func(i, j int) bool { return v.live[i].pod.Name < v.live[j].pod.Name })
+	seen := map[int]bool{}
+	byIndex := true
+	for _, m := range v.live {
+		idx, err := strconv.Atoi(m.pod.Labels[jobIndexLabel])
+		if err != nil || seen[idx] {
+			byIndex = false
+			break
+		}
+		seen[idx] = true
+		m.rank = idx
+	}
+	if byIndex {
+		sort.Slice(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
+		return
+	}
+	for i, m := range v.live {
+		m.rank = i
+	}
+}

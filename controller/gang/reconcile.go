@@ -1,0 +1,493 @@
+package gang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// Steps at which Options.Interrupt may stop a placement, as a crash would.
+const (
+	StepClaimWritten = "claim-written" // after each claim's allocation is written
+	StepCommit       = "commit"        // every claim written, before the commit mark
+	StepRelease      = "release"       // committed, before any gate is released
+)
+
+// errInterrupted stops a placement at an Interrupt step without rollback.
+var errInterrupted = errors.New("placement interrupted (test hook)")
+
+// reconciler drives one gang at a time towards placed-and-running or held
+// with nothing allocated. Everything it needs to resume is in the API: the
+// gang's committed-placement annotation, the placement annotation on each
+// claim and released pod, and the claims' allocations.
+type reconciler struct {
+	client    kubernetes.Interface
+	gangs     gangClient
+	driver    string
+	pods      corelisters.PodLister
+	claims    resourcelisters.ResourceClaimLister
+	nodes     corelisters.NodeLister
+	recorder  record.EventRecorder
+	interrupt func(step string) bool
+	metrics   *Metrics
+}
+
+// result says when to look at a gang again (zero: on the next event).
+type result struct{ requeueAfter time.Duration }
+
+func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, error) {
+	g, err := r.gangs.get(ctx, ns, name)
+	if apierrors.IsNotFound(err) {
+		return result{}, nil
+	}
+	if err != nil {
+		return result{}, err
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "gang", klog.KObj(g))
+	ctx = klog.NewContext(ctx, logger)
+	sel, verr := gangv1.Validate(g)
+	if sel == nil {
+		sel = labels.Nothing()
+	}
+	pods, err := r.pods.Pods(ns).List(labels.Everything())
+	if err != nil {
+		return result{}, err
+	}
+	v := observe(g, sel, pods, r.getClaim)
+	if g.DeletionTimestamp != nil {
+		return result{}, r.finalize(ctx, g, v)
+	}
+	if !slices.Contains(g.Finalizers, gangv1.Finalizer) {
+		g.Finalizers = append(g.Finalizers, gangv1.Finalizer)
+		if g, err = r.gangs.update(ctx, g); err != nil {
+			return result{}, fmt.Errorf("add finalizer to gang %s/%s: %w", ns, name, err)
+		}
+	}
+	old := g.Status.DeepCopy()
+	st := g.Status.DeepCopy()
+	st.ObservedGeneration = g.Generation
+	st.Members = int32(len(v.live))
+	res, err := r.step(ctx, g, v, verr, st)
+	if errors.Is(err, errInterrupted) {
+		return res, err
+	}
+	if statusChanged(old, st) {
+		fresh, gerr := r.gangs.get(ctx, ns, name)
+		if gerr == nil {
+			fresh.Status = *st
+			_, gerr = r.gangs.updateStatus(ctx, fresh)
+		}
+		if gerr != nil && err == nil {
+			err = fmt.Errorf("update status of gang %s/%s: %w", ns, name, gerr)
+		}
+	}
+	return res, err
+}
+
+// step decides what the gang needs and does it, recording the outcome in st.
+func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr error, st *gangv1.GangStatus) (result, error) {
+	if verr != nil {
+		waiting(st, g.Generation, gangv1.ReasonInvalid, verr.Error())
+		return result{}, nil
+	}
+	if id := g.Annotations[gangv1.AnnotationCommitted]; id != "" {
+		done, res, err := r.committed(ctx, g, v, id, st)
+		if done || err != nil {
+			return res, err
+		}
+	}
+	if busy, err := r.rollBack(ctx, g, v, st); busy || err != nil {
+		return result{requeueAfter: time.Second}, err
+	}
+	size := int(g.Spec.Size)
+	switch {
+	case v.invalid != "":
+		waiting(st, g.Generation, gangv1.ReasonInvalid, v.invalid)
+		return result{}, nil
+	case len(v.live) < size:
+		waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("%d of %d members exist; the gang is placed when all do", len(v.live), size))
+		return result{}, nil
+	case len(v.live) > size:
+		waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("%d pods match the selector, the gang has %d members: make the selector pick exactly the gang's pods", len(v.live), size))
+		return result{}, nil
+	case v.pending != "":
+		waiting(st, g.Generation, gangv1.ReasonClaimsPending, v.pending)
+		return result{requeueAfter: 2 * time.Second}, nil
+	}
+	for _, m := range v.live {
+		if !m.gated() {
+			waiting(st, g.Generation, gangv1.ReasonInvalid, fmt.Sprintf("member %s has no scheduling gate %s, so the scheduler places it alone: create the gang's pods with the gate (in the Job's pod template)", m.ref(), gangv1.SchedulingGate))
+			return result{}, nil
+		}
+	}
+	return r.place(ctx, g, v, st)
+}
+
+// place searches a domain for the whole gang and, if one fits, writes every
+// claim, commits and releases every member.
+func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (result, error) {
+	logger := klog.FromContext(ctx)
+	began := time.Now()
+	snap, err := simulate.List(ctx, r.client)
+	if err != nil {
+		return result{}, err
+	}
+	nodeList, err := r.nodes.List(labels.Everything())
+	if err != nil {
+		return result{}, err
+	}
+	nodes := map[string]*v1.Node{}
+	for _, n := range nodeList {
+		nodes[n.Name] = n
+	}
+	p, verdicts, err := search(ctx, snap, r.driver, nodes, v)
+	if err != nil {
+		return result{}, err
+	}
+	if p == nil {
+		msg := noFitMessage(len(v.live), verdicts)
+		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
+			r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonNoDomainFits, msg)
+			logger.V(2).Info("Gang does not fit", "why", msg)
+		}
+		waiting(st, g.Generation, gangv1.ReasonNoDomainFits, msg)
+		r.metrics.attempt("nofit")
+		return result{}, nil
+	}
+	id := uuid.NewString()[:8]
+	ws := writes(g, v, p)
+	written := make([]*resourceapi.ResourceClaim, len(ws))
+	var interrupted bool
+	err = parallel(len(ws), func(i int) error {
+		c, err := writeClaim(ctx, r.client, g, id, ws[i])
+		written[i] = c
+		if err == nil && r.interrupt != nil && r.interrupt(StepClaimWritten) {
+			interrupted = true
+		}
+		return err
+	})
+	if interrupted {
+		return result{}, errInterrupted
+	}
+	if err == nil && r.interrupt != nil && r.interrupt(StepCommit) {
+		return result{}, errInterrupted
+	}
+	var conflict string
+	if err == nil {
+		conflict, err = conflicts(ctx, r.client, written)
+	}
+	if err != nil || conflict != "" {
+		rbErr := r.clearWritten(ctx, written, id)
+		why := conflict
+		if err != nil {
+			why = err.Error()
+		}
+		r.recorder.Event(g, v1.EventTypeWarning, gangv1.ReasonRolledBack, "placement in "+p.device()+" rolled back: "+why)
+		waiting(st, g.Generation, gangv1.ReasonConflict, "placement rolled back, retrying: "+why)
+		r.metrics.attempt("rolledback")
+		return result{requeueAfter: time.Second}, errors.Join(rbErr)
+	}
+	if g.Annotations == nil {
+		g.Annotations = map[string]string{}
+	}
+	g.Annotations[gangv1.AnnotationCommitted] = id
+	if _, err := r.gangs.update(ctx, g); err != nil {
+		rbErr := r.clearWritten(ctx, written, id)
+		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
+	}
+	if r.interrupt != nil && r.interrupt(StepRelease) {
+		return result{}, errInterrupted
+	}
+	err = parallel(len(v.live), func(i int) error {
+		return release(ctx, r.client, v.live[i].pod, p.nodes[i], id, v.live[i].rank)
+	})
+	if err != nil {
+		return result{}, err // committed: the next reconcile releases the rest
+	}
+	placed(st, g.Generation, p.device(), p.nodes, len(v.live))
+	msg := fmt.Sprintf("placed %d members in %s on %d nodes", len(v.live), p.device(), len(st.Nodes))
+	r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonPlaced, msg)
+	logger.Info("Gang placed", "domain", p.device(), "members", len(v.live), "nodes", len(st.Nodes), "placement", id, "duration", time.Since(began).Round(time.Millisecond))
+	r.metrics.attempt("placed")
+	r.metrics.placed(time.Since(began))
+	return result{}, nil
+}
+
+// placed records a placement in the status.
+func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, members int) {
+	set := map[string]bool{}
+	for _, n := range nodes {
+		set[n] = true
+	}
+	st.Nodes = st.Nodes[:0]
+	for n := range set {
+		st.Nodes = append(st.Nodes, n)
+	}
+	sort.Strings(st.Nodes)
+	st.Domain = device
+	setCondition(st, gen, gangv1.ConditionWaiting, false, gangv1.ReasonPlaced, "placed")
+	setCondition(st, gen, gangv1.ConditionPlaced, true, gangv1.ReasonPlaced, fmt.Sprintf("%d members placed in %s", members, device))
+	setCondition(st, gen, gangv1.ConditionFailed, false, gangv1.ReasonNone, "no member lost")
+}
+
+// clearWritten rolls back the claims a placement wrote.
+func (r *reconciler) clearWritten(ctx context.Context, written []*resourceapi.ResourceClaim, id string) error {
+	var errs []error
+	for _, c := range written {
+		if c != nil {
+			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// committed handles a gang with a committed placement: it releases members a
+// crash left gated, reports Placed and Running, or, when a member was lost,
+// evicts the others and forgets the placement. done is false when the
+// placement is gone and the gang is to be placed afresh.
+func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id string, st *gangv1.GangStatus) (done bool, _ result, _ error) {
+	var in []*member
+	for _, m := range v.live {
+		if m.pod.Annotations[gangv1.AnnotationPlacement] == id || (m.gated() && claimsOf(m, id)) {
+			in = append(in, m)
+		}
+	}
+	var lost []string
+	survivors := len(in)
+	for _, p := range v.all {
+		if p.Annotations[gangv1.AnnotationPlacement] != id || !finished(p) {
+			continue
+		}
+		switch {
+		case p.Status.Phase == v1.PodSucceeded && p.DeletionTimestamp == nil:
+			survivors++
+		case p.Status.Phase == v1.PodFailed:
+			lost = append(lost, fmt.Sprintf("member %s failed", p.Name))
+		default:
+			lost = append(lost, fmt.Sprintf("member %s is being deleted", p.Name))
+		}
+	}
+	if survivors < int(g.Spec.Size) && len(lost) == 0 {
+		lost = append(lost, fmt.Sprintf("%d of %d members of the placement are gone (deleted, or their node left)", int(g.Spec.Size)-survivors, g.Spec.Size))
+	}
+	if len(lost) == 0 {
+		// Resume releasing members a crash left gated.
+		var gated []*member
+		for _, m := range in {
+			if m.gated() {
+				gated = append(gated, m)
+			}
+		}
+		err := parallel(len(gated), func(i int) error {
+			return release(ctx, r.client, gated[i].pod, nodeOf(gated[i], v), id, gated[i].rank)
+		})
+		if err != nil {
+			return true, result{}, err
+		}
+		running := 0
+		var nodes []string
+		for _, m := range in {
+			if m.pod.Status.Phase == v1.PodRunning {
+				running++
+			}
+			if m.pod.Spec.NodeName != "" {
+				nodes = append(nodes, m.pod.Spec.NodeName)
+			}
+		}
+		device := st.Domain
+		if device == "" {
+			device = domainOf(v)
+		}
+		placed(st, g.Generation, device, nodes, len(in))
+		if running == len(in) {
+			setCondition(st, g.Generation, gangv1.ConditionRunning, true, gangv1.ReasonRunning, fmt.Sprintf("all %d live members run", running))
+		} else {
+			setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonNotRunning, fmt.Sprintf("%d of %d live members run", running, len(in)))
+		}
+		return true, result{}, nil
+	}
+	// A member was lost: the gang cannot go on half. Evict the rest, free
+	// the gated members' claims, and place the gang afresh once its
+	// workload has recreated the members.
+	msg := strings.Join(lost, "; ")
+	if conditionMessage(st, gangv1.ConditionFailed) != msg {
+		r.recorder.Event(g, v1.EventTypeWarning, gangv1.ReasonMemberLost, msg+"; evicting the other members and placing the gang again")
+	}
+	setCondition(st, g.Generation, gangv1.ConditionFailed, true, gangv1.ReasonMemberLost, msg)
+	setCondition(st, g.Generation, gangv1.ConditionPlaced, false, gangv1.ReasonMemberLost, msg)
+	setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonMemberLost, msg)
+	setCondition(st, g.Generation, gangv1.ConditionWaiting, true, gangv1.ReasonMemberLost, "evicting the members of the lost placement")
+	err := parallel(len(in), func(i int) error {
+		m := in[i]
+		if m.gated() {
+			for _, c := range m.claims {
+				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return evict(ctx, r.client, m.pod)
+	})
+	if err != nil {
+		return true, result{requeueAfter: time.Second}, err
+	}
+	delete(g.Annotations, gangv1.AnnotationCommitted)
+	if _, err := r.gangs.update(ctx, g); err != nil {
+		return true, result{requeueAfter: time.Second}, fmt.Errorf("forget the lost placement of gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	klog.FromContext(ctx).Info("Gang lost a member; evicted the others", "why", msg, "evicted", len(in))
+	return true, result{requeueAfter: time.Second}, nil
+}
+
+// claimsOf says whether every claim of a gated member is allocated for
+// placement id (so the member belongs to it).
+func claimsOf(m *member, id string) bool {
+	if len(m.claims) == 0 {
+		return false
+	}
+	for _, c := range m.claims {
+		if c.Status.Allocation == nil || c.Annotations[gangv1.AnnotationPlacement] != id {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeOf is the node a member's claims were allocated on.
+func nodeOf(m *member, v *view) string {
+	for _, c := range m.claims {
+		if c.Status.Allocation != nil {
+			if n := nodeNameOf(c.Status.Allocation.NodeSelector); n != "" {
+				return n
+			}
+		}
+	}
+	return ""
+}
+
+// domainOf names the domain device of the gang's domain claim.
+func domainOf(v *view) string {
+	if v.domainClaim == nil || v.domainClaim.Status.Allocation == nil || len(v.domainClaim.Status.Allocation.Devices.Results) == 0 {
+		return ""
+	}
+	r := v.domainClaim.Status.Allocation.Devices.Results[0]
+	return r.Pool + "/" + r.Device
+}
+
+// rollBack frees what an uncommitted placement (one a crash interrupted, or
+// a lost one) left: allocations on gated members' claims, and the domain
+// claim once no pod it was reserved for exists. busy is true while the
+// domain claim still serves pods of an earlier placement.
+func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (busy bool, _ error) {
+	freed := 0
+	for _, m := range v.live {
+		if !m.gated() {
+			continue
+		}
+		for _, c := range m.claims {
+			id := c.Annotations[gangv1.AnnotationPlacement]
+			if c.Status.Allocation == nil || id == "" {
+				continue
+			}
+			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+				return false, err
+			}
+			freed++
+		}
+	}
+	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil {
+		for _, ref := range dc.Status.ReservedFor {
+			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
+				waiting(st, g.Generation, gangv1.ReasonPlacementPending, fmt.Sprintf("domain claim %s is still in use by pod %s of an earlier placement; waiting for it to end", dc.Name, ref.Name))
+				return true, nil
+			}
+		}
+		if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+			return false, err
+		}
+		freed++
+	}
+	if freed > 0 {
+		r.recorder.Eventf(g, v1.EventTypeNormal, gangv1.ReasonRolledBack, "rolled back an unfinished placement: freed %d claims", freed)
+		klog.FromContext(ctx).Info("Rolled back an unfinished placement", "claims", freed)
+		return true, nil
+	}
+	return false, nil
+}
+
+// finalize rolls back an unreleased placement of a deleted gang and lets it
+// go. Released members keep running; gated ones stay gated.
+func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) error {
+	for _, m := range v.live {
+		if !m.gated() {
+			continue
+		}
+		for _, c := range m.claims {
+			if id := c.Annotations[gangv1.AnnotationPlacement]; id != "" && c.Status.Allocation != nil {
+				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
+		inUse := false
+		for _, ref := range dc.Status.ReservedFor {
+			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
+				inUse = true
+			}
+		}
+		if !inUse {
+			if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+				return err
+			}
+		}
+	}
+	if i := slices.Index(g.Finalizers, gangv1.Finalizer); i >= 0 {
+		g.Finalizers = slices.Delete(g.Finalizers, i, i+1)
+		if _, err := r.gangs.update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("remove finalizer of gang %s/%s: %w", g.Namespace, g.Name, err)
+		}
+	}
+	klog.FromContext(ctx).Info("Gang deleted; unreleased placement rolled back")
+	return nil
+}
+
+func (r *reconciler) getClaim(ns, name string) (*resourceapi.ResourceClaim, error) {
+	return r.claims.ResourceClaims(ns).Get(name)
+}
+
+// nodeNameOf is the node an allocation from a node's own slices is confined
+// to (the allocator writes a metadata.name field requirement); "" otherwise.
+func nodeNameOf(sel *v1.NodeSelector) string {
+	if sel == nil || len(sel.NodeSelectorTerms) != 1 {
+		return ""
+	}
+	for _, f := range sel.NodeSelectorTerms[0].MatchFields {
+		if f.Key == "metadata.name" && f.Operator == v1.NodeSelectorOpIn && len(f.Values) == 1 {
+			return f.Values[0]
+		}
+	}
+	return ""
+}

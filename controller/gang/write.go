@@ -1,0 +1,248 @@
+package gang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// deleteProtection is the finalizer the scheduler adds to a claim it
+// allocates; without it a deleted pod's claim can stay allocated.
+const deleteProtection = "resource.kubernetes.io/delete-protection"
+
+// writeParallelism bounds concurrent API writes of one placement.
+const writeParallelism = 32
+
+// claimWrite is one claim's part of a placement.
+type claimWrite struct {
+	claim *resourceapi.ResourceClaim
+	alloc resourceapi.AllocationResult
+	// pods the claim is reserved for.
+	pods []*v1.Pod
+	// annotations to set besides the gang's.
+	annotations map[string]string
+}
+
+// writes lists every claim write of a plan: the domain claim first.
+func writes(g *gangv1.Gang, v *view, p *plan) []claimWrite {
+	var out []claimWrite
+	if p.domainAlloc != nil {
+		var pods []*v1.Pod
+		for _, m := range v.live {
+			pods = append(pods, m.pod)
+		}
+		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, pods: pods})
+	}
+	for i, m := range v.live {
+		for j, c := range m.claims {
+			out = append(out, claimWrite{claim: c, alloc: p.allocs[i][j], pods: []*v1.Pod{m.pod},
+				annotations: map[string]string{gangv1.AnnotationRank: strconv.Itoa(m.rank)}})
+		}
+	}
+	return out
+}
+
+// parallel runs f for 0..n-1 with bounded concurrency and joins the errors.
+func parallel(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	sem := make(chan struct{}, writeParallelism)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = f(i)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// writeClaim annotates the claim (gang, size, placement, rank), adds the
+// delete-protection finalizer, then writes its allocation and reservation as
+// the scheduler does. It returns the claim as written.
+func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang, id string, w claimWrite) (*resourceapi.ResourceClaim, error) {
+	claims := client.ResourceV1().ResourceClaims(w.claim.Namespace)
+	c := w.claim.DeepCopy()
+	var updated *resourceapi.ResourceClaim
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if c.Status.Allocation != nil {
+			return fmt.Errorf("claim %s/%s was allocated by someone else meanwhile", c.Namespace, c.Name)
+		}
+		if c.Annotations == nil {
+			c.Annotations = map[string]string{}
+		}
+		c.Annotations[gangv1.AnnotationGang] = g.Namespace + "/" + g.Name
+		c.Annotations[gangv1.AnnotationSize] = strconv.Itoa(int(g.Spec.Size))
+		c.Annotations[gangv1.AnnotationPlacement] = id
+		for k, val := range w.annotations {
+			c.Annotations[k] = val
+		}
+		if !slices.Contains(c.Finalizers, deleteProtection) {
+			c.Finalizers = append(c.Finalizers, deleteProtection)
+		}
+		var err error
+		updated, err = claims.Update(ctx, c, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := claims.Get(ctx, c.Name, metav1.GetOptions{}); gerr == nil {
+				c = fresh
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("annotate claim %s/%s: %w", w.claim.Namespace, w.claim.Name, err)
+	}
+	alloc := w.alloc.DeepCopy()
+	alloc.AllocationTimestamp = &metav1.Time{Time: time.Now()}
+	updated.Status.Allocation = alloc
+	updated.Status.ReservedFor = nil
+	for _, p := range w.pods {
+		updated.Status.ReservedFor = append(updated.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p.Name, UID: p.UID})
+	}
+	out, err := claims.UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("write allocation of claim %s/%s: %w", w.claim.Namespace, w.claim.Name, err)
+	}
+	return out, nil
+}
+
+// clearClaim removes a claim's allocation and reservation, if it is still
+// the one of placement id (any placement when id is empty).
+func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id string) error {
+	claims := client.ResourceV1().ResourceClaims(ns)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c, err := claims.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if c.Status.Allocation == nil || (id != "" && c.Annotations[gangv1.AnnotationPlacement] != id) {
+			return nil
+		}
+		c.Status.Allocation = nil
+		c.Status.ReservedFor = nil
+		_, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// conflicts re-reads every claim from the API server and returns the first
+// device of the placement that another claim holds too: the scheduler (or a
+// second allocator) took it between the snapshot and the writes.
+func conflicts(ctx context.Context, client kubernetes.Interface, written []*resourceapi.ResourceClaim) (string, error) {
+	ours := map[types.UID]bool{}
+	devices := map[string]string{} // driver/pool/device -> our claim
+	for _, c := range written {
+		ours[c.UID] = true
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.AdminAccess != nil && *r.AdminAccess || r.ShareID != nil {
+				continue
+			}
+			devices[r.Driver+"/"+r.Pool+"/"+r.Device] = c.Namespace + "/" + c.Name
+		}
+	}
+	all, err := simulate.ListClaims(ctx, client)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range all {
+		if ours[c.UID] || c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.AdminAccess != nil && *r.AdminAccess {
+				continue
+			}
+			if mine, ok := devices[r.Driver+"/"+r.Pool+"/"+r.Device]; ok {
+				return fmt.Sprintf("device %s/%s of claim %s was allocated to claim %s/%s meanwhile", r.Pool, r.Device, mine, c.Namespace, c.Name), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// release narrows a gated member to its node (if it has one: a member
+// without claims of its own is confined by the domain claim alone), records its placement and
+// rank, and removes the gate, in one update (a gated pod accepts added node
+// affinity). A member already released is left alone.
+func release(ctx context.Context, client kubernetes.Interface, pod *v1.Pod, node, id string, rank int) error {
+	pods := client.CoreV1().Pods(pod.Namespace)
+	p := pod.DeepCopy()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !hasGate(p) {
+			return nil
+		}
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[gangv1.AnnotationPlacement] = id
+		p.Annotations[gangv1.AnnotationRank] = strconv.Itoa(rank)
+		if node != "" {
+			pinTo(p, node)
+		}
+		p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == gangv1.SchedulingGate })
+		_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := pods.Get(ctx, p.Name, metav1.GetOptions{}); gerr == nil {
+				p = fresh
+			}
+		}
+		if err != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("release member %s/%s to node %s: %w", pod.Namespace, pod.Name, node, err)
+		}
+		return err
+	})
+}
+
+// pinTo adds a required node affinity for node: a new term when the pod has
+// none, else the requirement added to each of its terms (only additions are
+// allowed on a gated pod).
+func pinTo(p *v1.Pod, node string) {
+	req := v1.NodeSelectorRequirement{Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{node}}
+	if p.Spec.Affinity == nil {
+		p.Spec.Affinity = &v1.Affinity{}
+	}
+	if p.Spec.Affinity.NodeAffinity == nil {
+		p.Spec.Affinity.NodeAffinity = &v1.NodeAffinity{}
+	}
+	na := p.Spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{req}}}}
+		return
+	}
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		terms[i].MatchFields = append(terms[i].MatchFields, req)
+	}
+}
+
+// evict evicts a member through the Eviction API, which marks it with the
+// DisruptionTarget condition (a Job's podFailurePolicy can ignore that).
+func evict(ctx context.Context, client kubernetes.Interface, p *v1.Pod) error {
+	err := client.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("evict member %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Evicted gang member", "pod", klog.KObj(p))
+	return nil
+}

@@ -1,0 +1,85 @@
+package controller
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Options are tessera-controller's settings.
+type Options struct {
+	Kubeconfig   string
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+
+	// TopologyKey is a node label whose values are domains (e.g. a rack
+	// label), for clusters without multi-node NVLink; empty for none.
+	TopologyKey string
+	// Channels is how many channel devices each domain offers: how many
+	// gangs with a domain claim can share one domain at once.
+	Channels int
+
+	// MetricsAddress serves /metrics and /healthz; empty serves nothing.
+	MetricsAddress string
+
+	// LeaderElect runs the controller only while it holds the Lease
+	// LeaseNamespace/LeaseName.
+	LeaderElect    bool
+	LeaseNamespace string
+	LeaseName      string
+	LeaseDuration  time.Duration
+	RenewDeadline  time.Duration
+	RetryPeriod    time.Duration
+
+	// Interrupt, for tests only (no flag), stops a placement at a step as
+	// a crash would (gang.Options.Interrupt).
+	Interrupt func(step string) bool
+}
+
+// AddFlags registers the options.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "Queries per second to the API server. Placing a gang writes two requests per claim and one per pod: keep this high enough for the largest gang.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "Burst of queries to the API server.")
+	fs.StringVar(&o.TopologyKey, "topology-key", "", "Node label whose values are gang domains (e.g. a rack label such as topology.kubernetes.io/rack), besides the NVLink cliques; empty for cliques only.")
+	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
+	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
+	fs.StringVar(&o.LeaseName, "leader-elect-name", "tessera-controller", "Name of the leader Lease.")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a leader's Lease lasts without renewal: how long a crashed leader's successor waits.")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before it gives up leading.")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take the Lease.")
+}
+
+// Validate checks the options before anything starts.
+func (o *Options) Validate() error {
+	if o.Channels < 1 {
+		return fmt.Errorf("--domain-channels %d: want at least 1", o.Channels)
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if o.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(o.MetricsAddress); err != nil {
+			return fmt.Errorf("--metrics-address %q: want host:port or empty for none: %w", o.MetricsAddress, err)
+		}
+	}
+	if o.LeaderElect && (o.LeaseNamespace == "" || o.LeaseName == "") {
+		return fmt.Errorf("--leader-elect needs --leader-elect-namespace and --leader-elect-name")
+	}
+	if o.LeaderElect && !(o.LeaseDuration > o.RenewDeadline && o.RenewDeadline > o.RetryPeriod && o.RetryPeriod > 0) {
+		return fmt.Errorf("leader election: want lease duration > renew deadline > retry period > 0, got %v, %v, %v", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod)
+	}
+	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

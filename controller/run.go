@@ -1,0 +1,174 @@
+// Package controller runs tessera-controller (a Deployment): while it holds
+// the leader Lease it publishes the gang domains (package domains) and
+// places gangs (package gang).
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/controller/domains"
+	"github.com/tessera-dev/tessera/controller/gang"
+	"github.com/tessera-dev/tessera/driver/slices"
+)
+
+// resync is how often every gang is looked at again without an event.
+const resync = 30 * time.Second
+
+// Run runs the controller until ctx ends; with leader election, only while
+// it leads. It returns an error when it cannot start or loses the lead.
+func Run(ctx context.Context, o Options) error {
+	logger := klog.FromContext(ctx)
+	cfg, err := restConfig(o)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	metrics, err := gang.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	if o.MetricsAddress != "" {
+		stop, err := serveMetrics(ctx, o.MetricsAddress, reg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	lead := func(ctx context.Context) error {
+		return runLeading(ctx, o, client, dyn, metrics)
+	}
+	if !o.LeaderElect {
+		return lead(ctx)
+	}
+	host, _ := os.Hostname()
+	id := host + "_" + uuid.NewString()
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: o.LeaseNamespace, Name: o.LeaseName},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var started atomic.Bool
+	led := make(chan error, 1)
+	defer cancel()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   o.LeaseDuration,
+		RenewDeadline:   o.RenewDeadline,
+		RetryPeriod:     o.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            o.LeaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				logger.Info("Leading", "identity", id)
+				started.Store(true)
+				led <- lead(ctx)
+				cancel()
+			},
+			OnStoppedLeading: func() {
+				logger.Info("No longer leading", "identity", id)
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	le.Run(ctx)
+	if started.Load() {
+		if err := <-led; err != nil {
+			return err
+		}
+	}
+	if ctx.Err() == nil || errors.Is(context.Cause(ctx), context.Canceled) {
+		return nil
+	}
+	return fmt.Errorf("lost the leader Lease %s/%s", o.LeaseNamespace, o.LeaseName)
+}
+
+// runLeading publishes the domains and places gangs until ctx ends or the
+// gang controller stops on its own.
+func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn dynamic.Interface, metrics *gang.Metrics) error {
+	ctx, cancel := context.WithCancel(ctx)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	// Shutdown waits for the informers, which stop with ctx: cancel first
+	// (deferred calls run last-in, first-out).
+	defer factory.Shutdown()
+	defer dynFactory.Shutdown()
+	defer cancel()
+	if _, err := domains.Start(ctx, client, factory, domains.Options{Driver: slices.DriverName, TopologyKey: o.TopologyKey, Channels: o.Channels}); err != nil {
+		return err
+	}
+	gc, err := gang.New(ctx, client, dyn, factory, dynFactory, gang.Options{
+		Driver: slices.DriverName, Resync: resync, Metrics: metrics, Interrupt: o.Interrupt,
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	dynFactory.Start(ctx.Done())
+	return gc.Run(ctx)
+}
+
+func restConfig(o Options) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if o.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load API client configuration (set --kubeconfig outside a cluster): %w", err)
+	}
+	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	cfg.UserAgent = "tessera-controller"
+	return cfg, nil
+}
+
+// serveMetrics serves /metrics and /healthz until stop is called.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (stop func(), _ error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-address %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped")
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
+}

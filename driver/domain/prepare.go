@@ -1,0 +1,146 @@
+package domain
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/devnodes"
+)
+
+// CDIClass is the CDI class of domain claims' specs: their files
+// ("gpu.tessera.dev-domain_<uid>.json") are apart from the GPU claims', so
+// the GPU state machine's sweep of specs it does not own never sees them.
+const CDIClass = "domain"
+
+// Preparer prepares claims allocated to domain devices. It keeps no state
+// besides the CDI spec file of each claim: preparing writes it (again, with
+// the same content), unpreparing removes it, both idempotent. Nothing on the
+// node is held exclusively: every pod of a gang on a node shares the claim.
+type Preparer struct {
+	// Driver is the driver name whose results are prepared.
+	Driver string
+	// CDI stores the specs (class CDIClass).
+	CDI *cdi.Store
+	// DevNodes resolves the IMEX channel device nodes.
+	DevNodes *devnodes.Resolver
+}
+
+// Has says whether any of the claim's results for driver lies in a domain
+// pool: such a claim is the Preparer's.
+func Has(driver string, claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if _, _, ok := ParsePool(r.Pool); ok && r.Driver == driver {
+			return true
+		}
+	}
+	return false
+}
+
+// Prepare writes the claim's CDI spec: per domain device its channel (an
+// IMEX channel device node on an NVLink domain) and environment naming the
+// domain and channel; for every container the gang and its size, from the
+// annotations the gang controller writes on the claim.
+func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	ref := claim.Namespace + "/" + claim.Name
+	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
+	var out []kubeletplugin.Device
+	cdiName := map[string]string{} // pool/device -> CDI device name
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != p.Driver {
+			continue
+		}
+		kind, value, ok := ParsePool(r.Pool)
+		if !ok {
+			return nil, fmt.Errorf("claim %s: device %s of pool %s is not a gang domain, yet the claim also has domain devices: a claim cannot mix GPUs and domains; ask for the domain in a claim of its own", ref, r.Device, r.Pool)
+		}
+		out = append(out, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device})
+		key := r.Pool + "/" + r.Device
+		if _, done := cdiName[key]; done {
+			continue // one device serving several requests
+		}
+		channel, err := ParseDevice(r.Device)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
+		name := fmt.Sprintf("%s-%d", r.Device, len(cdiName))
+		cdiName[key] = name
+		dev := cdi.Device{Name: name, Env: []string{
+			gangv1.EnvDomain + "=" + value,
+			gangv1.EnvChannel + "=" + strconv.Itoa(channel),
+		}}
+		if kind == KindNVLink {
+			node, err := p.DevNodes.IMEXChannel(channel)
+			if err != nil {
+				return nil, fmt.Errorf("claim %s: domain %s: %w", ref, value, err)
+			}
+			dev.DeviceNodes = []cdi.DeviceNode{node}
+		}
+		spec.Devices = append(spec.Devices, dev)
+	}
+	env, err := gangEnv(claim)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	spec.Common.Env = env
+	ids, err := p.CDI.Write(spec)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	for i := range out {
+		out[i].CDIDeviceIDs = []string{ids[cdiName[out[i].PoolName+"/"+out[i].DeviceName]]}
+	}
+	klog.FromContext(ctx).V(2).Info("Domain claim prepared", "claim", ref, "devices", len(out))
+	return out, nil
+}
+
+// Unprepare removes the claim's CDI spec; a claim never prepared here
+// succeeds.
+func (p *Preparer) Unprepare(uid types.UID) error {
+	return p.CDI.Remove(string(uid))
+}
+
+// gangEnv is TESSERA_GANG and TESSERA_GANG_SIZE from a claim's gang
+// annotations; nothing for a claim no gang placed.
+func gangEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
+	gang, ok := claim.Annotations[gangv1.AnnotationGang]
+	if !ok {
+		return nil, nil
+	}
+	size, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationSize])
+	if err != nil || size < 1 {
+		return nil, fmt.Errorf("annotation %s=%q: want a positive number (written by the gang controller; do not edit it)", gangv1.AnnotationSize, claim.Annotations[gangv1.AnnotationSize])
+	}
+	return []string{gangv1.EnvGang + "=" + gang, gangv1.EnvGangSize + "=" + strconv.Itoa(size)}, nil
+}
+
+// MemberEnv is the prepare.Config.ClaimEnv hook for a member's GPU claim: the
+// gang, its size and the member's rank, from the annotations the gang
+// controller writes on the claim before allocating it; nothing for a claim
+// of no gang.
+func MemberEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
+	rank, ok := claim.Annotations[gangv1.AnnotationRank]
+	if !ok {
+		return nil, nil
+	}
+	ref := claim.Namespace + "/" + claim.Name
+	env, err := gangEnv(claim)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	r, err := strconv.Atoi(rank)
+	if err != nil || r < 0 {
+		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRank, rank)
+	}
+	return append(env, gangv1.EnvGangRank+"="+strconv.Itoa(r)), nil
+}
