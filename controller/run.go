@@ -7,29 +7,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/controller/domains"
 	"github.com/tessera-dev/tessera/controller/gang"
 	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/metricsserver"
 )
 
 // resync is how often every gang is looked at again without an event.
@@ -39,7 +36,7 @@ const resync = 30 * time.Second
 // it leads. It returns an error when it cannot start or loses the lead.
 func Run(ctx context.Context, o Options) error {
 	logger := klog.FromContext(ctx)
-	cfg, err := restConfig(o)
+	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-controller")
 	if err != nil {
 		return err
 	}
@@ -57,11 +54,11 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	if o.MetricsAddress != "" {
-		stop, err := serveMetrics(ctx, o.MetricsAddress, reg)
+		srv, err := metricsserver.Start(ctx, "--metrics-address", o.MetricsAddress, reg, func() error { return context.Cause(ctx) })
 		if err != nil {
 			return err
 		}
-		defer stop()
+		defer srv.Stop()
 	}
 	lead := func(ctx context.Context) error {
 		return runLeading(ctx, o, client, dyn, metrics)
@@ -137,38 +134,4 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
 	return gc.Run(ctx)
-}
-
-func restConfig(o Options) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load API client configuration (set --kubeconfig outside a cluster): %w", err)
-	}
-	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
-	cfg.UserAgent = "tessera-controller"
-	return cfg, nil
-}
-
-// serveMetrics serves /metrics and /healthz until stop is called.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (stop func(), _ error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-address %s: %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped")
-		}
-	}()
-	return func() { _ = srv.Close() }, nil
 }

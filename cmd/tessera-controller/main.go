@@ -5,40 +5,12 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
-
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/controller"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-controller:", err)
-		os.Exit(1)
-	}
-}
-
-func run() error {
 	var o controller.Options
-	fs := pflag.NewFlagSet("tessera-controller", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		return err
-	}
-	if err := o.Validate(); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	ctx = klog.NewContext(ctx, klog.Background())
-	return controller.Run(ctx, o)
+	component.Main("tessera-controller", &o, func(ctx context.Context) error { return controller.Run(ctx, o) })
 }

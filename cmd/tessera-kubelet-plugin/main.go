@@ -5,41 +5,20 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/driver/plugin"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-kubelet-plugin:", err)
-		os.Exit(1)
-	}
+	var o plugin.Options
+	component.Main("tessera-kubelet-plugin", &o, func(ctx context.Context) error { return run(ctx, o) })
 }
 
-func run() error {
-	var o plugin.Options
-	fs := pflag.NewFlagSet("tessera-kubelet-plugin", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		return err
-	}
-	if err := o.Validate(); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	ctx = klog.NewContext(ctx, klog.Background())
+func run(ctx context.Context, o plugin.Options) error {
 	client, err := plugin.NewClient(o)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +9,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/component"
+	"github.com/tessera-dev/tessera/driver/plugin"
 )
 
 // TestBinaryExitsCleanlyOnSIGTERM runs the real binary on a fake node and
@@ -86,8 +90,9 @@ func TestBinaryRefusesAMissingNVMLWithoutFakeNode(t *testing.T) {
 	if _, err := os.Stat("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"); err == nil {
 		t.Fatal("this check needs a machine without the NVIDIA driver")
 	}
-	os.Args = []string{"tessera-kubelet-plugin", "--kubeconfig", unreachableKubeconfig(t, t.TempDir()), "--node-name", "n"}
-	err := run()
+	var o plugin.Options
+	err := component.Run("tessera-kubelet-plugin", []string{"--kubeconfig", unreachableKubeconfig(t, t.TempDir()), "--node-name", "n"}, &o,
+		func(ctx context.Context) error { return run(ctx, o) })
 	if err == nil || !strings.Contains(err.Error(), "libnvidia-ml.so.1 not found") || !strings.Contains(err.Error(), "--fake-node") {
 		t.Fatalf("got %v, want the missing-NVML error naming the fix", err)
 	}

@@ -6,42 +6,21 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/metricsserver"
 	"github.com/tessera-dev/tessera/webhook"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-webhook:", err)
-		os.Exit(1)
-	}
+	var o webhook.Options
+	component.Main("tessera-webhook", &o, func(ctx context.Context) error { return run(ctx, o) })
 }
 
-func run() error {
-	var o webhook.Options
-	fs := pflag.NewFlagSet("tessera-webhook", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		return err
-	}
-	if err := o.Validate(); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	ctx = klog.NewContext(ctx, klog.Background())
+func run(ctx context.Context, o webhook.Options) error {
 
 	reg := metricsserver.NewRegistry()
 	srv, err := webhook.Start(ctx, o, reg)

@@ -12,12 +12,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
@@ -318,17 +317,9 @@ func (p *Plugin) Helper() *kubeletplugin.Helper { return p.helper }
 
 // NewClient builds an API client with the options' credentials and rate limits.
 func NewClient(o Options) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-kubelet-plugin")
 	if err != nil {
-		return nil, fmt.Errorf("load API client configuration (set --kubeconfig outside a cluster): %w", err)
+		return nil, err
 	}
-	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
-	cfg.UserAgent = "tessera-kubelet-plugin"
 	return kubernetes.NewForConfig(cfg)
 }

@@ -182,22 +182,9 @@ func TestPowerLimitIsRestoredAfterACrash(t *testing.T) {
 		if _, err := e.start().Prepare(context.Background(), c); err != nil {
 			t.Fatal(err)
 		}
-		// Rewind the checkpoint to the started mark, as if the process
-		// died after capping the GPU and before writing the CDI spec.
-		ck, err := checkpoint.NewStore(e.dataDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := ck.Load()
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec := data.Claims[string(c.UID)]
-		rec.Phase = checkpoint.PrepareStarted
-		data.Claims[string(c.UID)] = rec
-		if err := ck.Save(data); err != nil {
-			t.Fatal(err)
-		}
+		// As if the process died after capping the GPU and before
+		// writing the CDI spec.
+		e.rewindToStarted(c)
 		m := e.start()
 		if len(m.PreparedClaims()) != 0 {
 			t.Errorf("interrupted claim not rolled back: %v", m.PreparedClaims())
@@ -348,22 +335,8 @@ func TestMPSDaemonOfAnInterruptedPrepareIsStoppedAtStart(t *testing.T) {
 	if _, err := e.start().Prepare(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := checkpoint.NewStore(e.dataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := ck.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := data.Claims[string(c.UID)]
-	if rec.MPS == nil {
+	if rec := e.rewindToStarted(c); rec.MPS == nil {
 		t.Fatal("the checkpoint does not record the claim's MPS daemon")
-	}
-	rec.Phase = checkpoint.PrepareStarted
-	data.Claims[string(c.UID)] = rec
-	if err := ck.Save(data); err != nil {
-		t.Fatal(err)
 	}
 	e.start()
 	if !slices.Equal(mps.stopped, []string{"tessera-mps-uid-inference"}) {
@@ -386,4 +359,26 @@ func TestMPSIsRefusedOnAGPUIndependentClaimsShare(t *testing.T) {
 	if len(m.PreparedClaims()) != 0 || len(e.node.Calls()) != 0 {
 		t.Errorf("refused claim left state: claims %v, NVML calls %v", m.PreparedClaims(), e.node.Calls())
 	}
+}
+
+// rewindToStarted sets a prepared claim back to its started mark in the
+// checkpoint on disk, as a crash between the two marks would leave it, and
+// returns its record.
+func (e *env) rewindToStarted(c *resourceapi.ResourceClaim) checkpoint.Claim {
+	e.t.Helper()
+	ck, err := checkpoint.NewStore(e.dataDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	data, err := ck.Load()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	rec := data.Claims[string(c.UID)]
+	rec.Phase = checkpoint.PrepareStarted
+	data.Claims[string(c.UID)] = rec
+	if err := ck.Save(data); err != nil {
+		e.t.Fatal(err)
+	}
+	return rec
 }
