@@ -58,12 +58,6 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	m.data.Claims[string(uid)] = rec
 	v := m.changed()
 	m.mu.Unlock()
-	if !m.hasSideEffects(rec) {
-		// The CDI spec will be the only trace of this prepare, and a
-		// restart removes specs no checkpointed claim owns: the started
-		// mark would protect nothing, so its fsync is skipped.
-		v = 0
-	}
 	if err := m.persist(v); err != nil {
 		m.mu.Lock()
 		m.release(uid, want)
@@ -110,11 +104,6 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	m.data.Claims[string(uid)] = c
 	v := m.changed()
 	m.mu.Unlock()
-	if !m.hasSideEffects(c) {
-		// Only the CDI spec is undone, idempotently: a crash before the
-		// claim leaves the checkpoint is retried by the kubelet.
-		v = 0
-	}
 	if err := m.persist(v); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
@@ -467,24 +456,4 @@ func (m *Manager) checkShareLocked(uid types.UID, ref string, d checkpoint.Devic
 		return fmt.Errorf("claim %s: device %s: memory shares would add up to %d MiB, more than the GPU's %d MiB; the claim was allocated past the GPU's capacity, delete it to have it allocated again", ref, d.Device, used>>20, inv.GPU.MemoryBytes>>20)
 	}
 	return nil
-}
-
-// hasSideEffects says whether preparing the claim changes anything besides
-// its CDI spec: a MIG partition, a GPU's MIG mode, GPU settings or an MPS
-// daemon. Only such claims need the started marks on disk before the work
-// (see the contract in state.go).
-func (m *Manager) hasSideEffects(c checkpoint.Claim) bool {
-	if c.MPS != nil {
-		return true
-	}
-	for _, d := range c.Devices {
-		if d.MIG != nil || d.Settings != nil {
-			return true
-		}
-		if inv, ok := m.inventory().Lookup(d.Device); !ok || inv.Counters != "" {
-			// Unknown, or a whole GPU whose MIG mode prepare may switch.
-			return true
-		}
-	}
-	return false
 }

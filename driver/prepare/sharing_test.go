@@ -248,6 +248,7 @@ func TestMemorySharesInjectLimitsAndNeverOvercommit(t *testing.T) {
 	}
 }
 
+
 // fakeMPS records what the state machine asks of MPS daemons.
 type fakeMPS struct {
 	mu      sync.Mutex

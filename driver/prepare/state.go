@@ -7,11 +7,7 @@
 //     -> gone, and each move is checkpointed before the work it announces.
 //     After a crash, PrepareStarted claims are rolled back (their CDI spec
 //     removed, their devices released) and the kubelet's retry prepares them
-//     afresh; UnprepareStarted claims are finished. Exception: a claim whose
-//     only trace is its CDI spec (whole GPUs, no settings, no MPS) skips the
-//     fsync of both started marks; after a crash its spec is an orphan the
-//     restart removes, or its unprepare is retried by the kubelet. That
-//     halves the fsyncs of the common case.
+//     afresh; UnprepareStarted claims are finished.
 //   - Prepare is idempotent: a prepared claim returns the devices recorded for
 //     it. Unprepare of an unknown claim succeeds.
 //   - A device belongs to at most one claim (admin-access results excepted,
@@ -299,9 +295,6 @@ func (m *Manager) changed() uint64 {
 // it find their change already written and return without an fsync of
 // their own. Call it without m.mu.
 func (m *Manager) persist(v uint64) error {
-	if v == 0 {
-		return nil // nothing needs to be on disk (see hasSideEffects)
-	}
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
 	if m.written >= v {
