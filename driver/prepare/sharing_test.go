@@ -248,7 +248,6 @@ func TestMemorySharesInjectLimitsAndNeverOvercommit(t *testing.T) {
 	}
 }
 
-
 // fakeMPS records what the state machine asks of MPS daemons.
 type fakeMPS struct {
 	mu      sync.Mutex
