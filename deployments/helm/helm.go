@@ -1,0 +1,163 @@
+// Package helm renders Tessera's Helm chart (deployments/helm/tessera) with
+// Helm's own Go code, the way `helm template --include-crds` does, so that
+// the tests, the plain manifests and an operator's `helm install` see the
+// same objects.
+package helm
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	chartcommon "helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/loader/archive"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	chartv2util "helm.sh/helm/v4/pkg/chart/v2/util"
+	"helm.sh/helm/v4/pkg/engine"
+	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
+)
+
+// ChartDir is the chart's directory, relative to this package.
+const ChartDir = "tessera"
+
+// KubeVersion is the Kubernetes version the chart is rendered and linted
+// for: the one Tessera is built against (k8s.io/* v0.37.2).
+const KubeVersion = "v1.37.2"
+
+//go:embed all:tessera
+var chartFiles embed.FS
+
+// Release names the release a chart is rendered for.
+type Release struct {
+	Name      string
+	Namespace string
+}
+
+// DefaultRelease is the release the plain manifests are rendered for: the
+// namespace the embedded manifests (deployments/rbac, deployments/webhook)
+// name.
+var DefaultRelease = Release{Name: "tessera", Namespace: "tessera-system"}
+
+// Manifest is one rendered object: the chart file it came from, its kind
+// and its YAML.
+type Manifest struct {
+	Source string
+	Kind   string
+	YAML   string
+}
+
+// Load loads the chart from the files compiled into this package.
+func Load() (*chart.Chart, error) {
+	var files []*archive.BufferedFile
+	err := fs.WalkDir(chartFiles, ChartDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := chartFiles.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		files = append(files, &archive.BufferedFile{Name: strings.TrimPrefix(path, ChartDir+"/"), Data: data})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the embedded chart: %w", err)
+	}
+	c, err := loader.LoadFiles(files)
+	if err != nil {
+		return nil, fmt.Errorf("load the chart: %w", err)
+	}
+	return c, nil
+}
+
+// Capabilities are the cluster capabilities templates see: Kubernetes
+// KubeVersion with every API version client-go knows.
+func Capabilities() (*chartcommon.Capabilities, error) {
+	kv, err := chartcommon.ParseKubeVersion(KubeVersion)
+	if err != nil {
+		return nil, err
+	}
+	caps := chartcommon.DefaultCapabilities.Copy()
+	caps.KubeVersion = *kv
+	return caps, nil
+}
+
+// Render renders the chart with values (merged over values.yaml and checked
+// against values.schema.json) for rel: the CRDs first, then the templates'
+// objects in Helm's install order.
+func Render(ctx context.Context, values map[string]any, rel Release) ([]Manifest, error) {
+	c, err := Load()
+	if err != nil {
+		return nil, err
+	}
+	caps, err := Capabilities()
+	if err != nil {
+		return nil, err
+	}
+	if !chartv2util.IsCompatibleRange(c.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		return nil, fmt.Errorf("chart requires kubeVersion %s, not %s", c.Metadata.KubeVersion, caps.KubeVersion.Version)
+	}
+	top, err := chartutil.ToRenderValues(c, values,
+		chartcommon.ReleaseOptions{Name: rel.Name, Namespace: rel.Namespace, Revision: 1, IsInstall: true}, caps)
+	if err != nil {
+		return nil, fmt.Errorf("values: %w", err)
+	}
+	var e engine.Engine
+	e.Strict = true
+	files, err := e.RenderWithContext(ctx, c, top)
+	if err != nil {
+		return nil, fmt.Errorf("render the chart: %w", err)
+	}
+	for name := range files {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			delete(files, name)
+		}
+	}
+	hooks, sorted, err := releaseutil.SortManifests(files, caps.APIVersions, releaseutil.InstallOrder)
+	if err != nil {
+		return nil, fmt.Errorf("split the rendered chart: %w", err)
+	}
+	if len(hooks) > 0 {
+		return nil, fmt.Errorf("the chart has %d hooks; Render does not handle hooks", len(hooks))
+	}
+	var out []Manifest
+	for _, crd := range c.CRDObjects() {
+		out = append(out, Manifest{Source: crd.Filename, Kind: "CustomResourceDefinition", YAML: string(crd.File.Data)})
+	}
+	for _, m := range sorted {
+		out = append(out, Manifest{Source: m.Name, Kind: m.Head.Kind, YAML: m.Content})
+	}
+	return out, nil
+}
+
+// Stream joins manifests into one multi-document YAML stream, each document
+// headed by the chart file it came from, as `helm template` prints them.
+func Stream(manifests []Manifest) []byte {
+	var b strings.Builder
+	for _, m := range manifests {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Source, strings.TrimSpace(m.YAML))
+	}
+	return []byte(b.String())
+}
+
+// manifestsHeader heads deployments/manifests/tessera.yaml.
+const manifestsHeader = `# Tessera's plain manifests, for clusters without Helm: the chart
+# deployments/helm/tessera rendered for the release "tessera" in the namespace
+# tessera-system with its default values and namespace.create=true.
+# Generated by "make manifests" (deployments/helm/cmd/render); do not edit.
+# kubectl apply --server-side -f deployments/manifests/tessera.yaml
+`
+
+// PlainManifests renders deployments/manifests/tessera.yaml: the chart for
+// DefaultRelease with ManifestValues, CRDs included.
+func PlainManifests(ctx context.Context) ([]byte, error) {
+	manifests, err := Render(ctx, ManifestValues(), DefaultRelease)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(manifestsHeader), Stream(manifests)...), nil
+}

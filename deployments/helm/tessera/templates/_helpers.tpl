@@ -1,0 +1,48 @@
+{{/*
+Helpers shared by every template. Object names are fixed (one Tessera per
+cluster); only the namespace follows the release.
+*/}}
+
+{{/* Labels on every object. */}}
+{{- define "tessera.labels" -}}
+app.kubernetes.io/name: tessera
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* Selector labels of one component's pods: (list $ "component"). */}}
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: tessera
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* The Tessera image. */}}
+{{- define "tessera.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/*
+The kubelet plugin's service account. The DaemonSet runs as it and the
+node-lock ValidatingAdmissionPolicy matches exactly it: both use this name.
+*/}}
+{{- define "tessera.kubeletPlugin.serviceAccountName" -}}
+tessera-kubelet-plugin
+{{- end }}
+
+{{/* The user name the API server gives the kubelet plugin's pods. */}}
+{{- define "tessera.kubeletPlugin.userName" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.kubeletPlugin.serviceAccountName" . }}
+{{- end }}
+
+{{/* The plugin's data directory on the host (--plugin-data-dir). */}}
+{{- define "tessera.kubeletPlugin.dataDir" -}}
+/var/lib/kubelet/plugins/gpu.tessera.dev
+{{- end }}
+
+{{/* The webhook's Service (and Certificate) name. */}}
+{{- define "tessera.webhook.name" -}}
+tessera-webhook
+{{- end }}

@@ -1,0 +1,296 @@
+package helm
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-dev/tessera/component"
+	"github.com/tessera-dev/tessera/controller"
+	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/webhook"
+)
+
+// TestNodeLockMatchesThePluginsServiceAccount: in every combination the
+// node-lock policy matches exactly the user the DaemonSet's pods run as
+// (its service account in its namespace), and that account exists and is
+// bound to the plugin's roles. A policy that names another account never
+// applies, and nothing would notice (the NVIDIA chart's #1317).
+func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
+	for _, c := range Combinations() {
+		r := renderT(t, c)
+		ds := one(t, c.Name, find[*appsv1.DaemonSet](r))
+		user := serviceAccountUser(ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+		vap := one(t, c.Name, find[*admissionregistrationv1.ValidatingAdmissionPolicy](r))
+		want := []admissionregistrationv1.MatchCondition{{
+			Name: "is-tessera-kubelet-plugin", Expression: fmt.Sprintf("request.userInfo.username == %q", user)}}
+		if !slices.Equal(vap.Spec.MatchConditions, want) {
+			t.Errorf("%s: node-lock policy matches %+v, want exactly the DaemonSet's user %s", c.Name, vap.Spec.MatchConditions, user)
+		}
+		binding := one(t, c.Name, find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r))
+		if binding.Spec.PolicyName != vap.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("%s: node-lock binding %+v does not deny through policy %s", c.Name, binding.Spec, vap.Name)
+		}
+		checkAccountBound(t, c.Name, r, ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName, "tessera-kubelet-plugin", "tessera-kubelet-plugin-mps")
+		for _, d := range find[*appsv1.Deployment](r) {
+			if d.Name == "tessera-controller" {
+				checkAccountBound(t, c.Name, r, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, "tessera-controller", "tessera-controller-leader")
+			}
+		}
+	}
+}
+
+func serviceAccountUser(namespace, name string) string {
+	return "system:serviceaccount:" + namespace + ":" + name
+}
+
+// checkAccountBound checks that the service account exists and that the
+// ClusterRoleBinding clusterBinding and the RoleBinding roleBinding (in its
+// namespace) bind exactly it.
+func checkAccountBound(t *testing.T, combo string, r rendered, namespace, account, clusterBinding, roleBinding string) {
+	t.Helper()
+	if !slices.ContainsFunc(find[*corev1.ServiceAccount](r), func(sa *corev1.ServiceAccount) bool {
+		return sa.Namespace == namespace && sa.Name == account
+	}) {
+		t.Errorf("%s: service account %s/%s is not rendered", combo, namespace, account)
+	}
+	want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: account, Namespace: namespace}}
+	for _, b := range find[*rbacv1.ClusterRoleBinding](r) {
+		if b.Name == clusterBinding && !slices.Equal(b.Subjects, want) {
+			t.Errorf("%s: ClusterRoleBinding %s binds %+v, want %+v", combo, b.Name, b.Subjects, want)
+		}
+	}
+	for _, b := range find[*rbacv1.RoleBinding](r) {
+		if b.Name == roleBinding && (b.Namespace != namespace || !slices.Equal(b.Subjects, want)) {
+			t.Errorf("%s: RoleBinding %s/%s binds %+v, want %+v in %s", combo, b.Namespace, b.Name, b.Subjects, want, namespace)
+		}
+	}
+}
+
+// one returns the only element of objs.
+func one[T any](t *testing.T, combo string, objs []T) T {
+	t.Helper()
+	if len(objs) != 1 {
+		var zero T
+		t.Fatalf("%s: %d objects of type %T rendered, want 1", combo, len(objs), zero)
+	}
+	return objs[0]
+}
+
+// runFlags parses and validates a container's arguments exactly as the
+// binary does (component.Run, with o its options) and checks that every
+// environment variable the container sets is one a flag falls back to.
+func runFlags(t *testing.T, combo string, ctr corev1.Container, o component.Options) {
+	t.Helper()
+	fs := pflag.NewFlagSet(ctr.Command[0], pflag.ContinueOnError)
+	o.AddFlags(fs)
+	for _, e := range ctr.Env {
+		used := false
+		fs.VisitAll(func(f *pflag.Flag) { used = used || strings.Contains(f.Usage, "Environment: "+e.Name+".") })
+		if !used {
+			t.Errorf("%s: %s: environment %s is read by no flag", combo, ctr.Command[0], e.Name)
+		}
+	}
+	if err := component.Run(ctr.Command[0], ctr.Args, o, func(context.Context) error { return nil }); err != nil {
+		t.Errorf("%s: %s refuses its arguments %q: %v", combo, ctr.Command[0], ctr.Args, err)
+	}
+}
+
+// fieldRefs maps a container's environment variables to their downward-API
+// field paths.
+func fieldRefs(ctr corev1.Container) map[string]string {
+	out := map[string]string{}
+	for _, e := range ctr.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			out[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	return out
+}
+
+// TestDaemonSetRunsThePlugin: in every combination the DaemonSet's
+// arguments parse and validate with the plugin's own flags; node name, pod
+// UID and namespace come from the downward API; every directory the plugin
+// writes or the kubelet and container runtime read is a host path mounted at
+// the same path; updates surge; the liveness probe reaches the metrics port.
+func TestDaemonSetRunsThePlugin(t *testing.T) {
+	for _, c := range Combinations() {
+		ds := one(t, c.Name, find[*appsv1.DaemonSet](renderT(t, c)))
+		pod := ds.Spec.Template.Spec
+		ctr := one(t, c.Name, pod.Containers)
+		var o plugin.Options
+		runFlags(t, c.Name, ctr, &o)
+		wantRefs := map[string]string{"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid"}
+		if got := fieldRefs(ctr); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
+			t.Errorf("%s: downward-API environment %v, want %v", c.Name, got, wantRefs)
+		}
+		hostDirs := []string{o.PluginDataDir, o.RegistrarDir, o.CDIRoot}
+		if o.Node.DriverRoot != "/" {
+			hostDirs = append(hostDirs, o.Node.DriverRoot)
+		}
+		if o.Node.FakeNode != "" {
+			hostDirs = append(hostDirs, o.Node.FakeRoot)
+		}
+		for _, dir := range hostDirs {
+			if !mountedFromHost(pod, ctr, dir) {
+				t.Errorf("%s: %s is not a host path mounted at the same path", c.Name, dir)
+			}
+		}
+		u := ds.Spec.UpdateStrategy
+		if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil ||
+			u.RollingUpdate.MaxSurge.String() != "1" || u.RollingUpdate.MaxUnavailable.String() != "0" {
+			t.Errorf("%s: update strategy %+v, want a rolling update with maxSurge 1, maxUnavailable 0", c.Name, u)
+		}
+		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+		if ctr.SecurityContext == nil || ctr.SecurityContext.Privileged == nil || !*ctr.SecurityContext.Privileged {
+			t.Errorf("%s: the plugin is not privileged (NVML, MIG)", c.Name)
+		}
+		if pod.PriorityClassName != "system-node-critical" || len(pod.NodeSelector) == 0 {
+			t.Errorf("%s: priority class %q, node selector %v: want system-node-critical on GPU nodes", c.Name, pod.PriorityClassName, pod.NodeSelector)
+		}
+	}
+}
+
+// mountedFromHost reports whether dir lies under a mount of a hostPath
+// volume whose host path is its mount path.
+func mountedFromHost(pod corev1.PodSpec, ctr corev1.Container, dir string) bool {
+	for _, m := range ctr.VolumeMounts {
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name || v.HostPath == nil || v.HostPath.Path != m.MountPath {
+				continue
+			}
+			if rel, err := filepath.Rel(m.MountPath, dir); err == nil && !strings.HasPrefix(rel, "..") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkProbe checks that probe asks /healthz on the port of address
+// (host:port).
+func checkProbe(t *testing.T, combo string, ctr corev1.Container, probe *corev1.Probe, address string) {
+	t.Helper()
+	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/healthz" {
+		t.Errorf("%s: %s: probe %+v, want GET /healthz", combo, ctr.Name, probe)
+		return
+	}
+	port := probe.HTTPGet.Port.IntValue()
+	for _, p := range ctr.Ports {
+		if p.Name == probe.HTTPGet.Port.String() {
+			port = int(p.ContainerPort)
+		}
+	}
+	if !strings.HasSuffix(address, ":"+strconv.Itoa(port)) {
+		t.Errorf("%s: %s: probe on port %d, but /healthz is served at %q", combo, ctr.Name, port, address)
+	}
+}
+
+// TestControllerRunsWithLeaderElection: the controller's arguments parse
+// and validate with its own flags, leader election is on, the Lease is in
+// the release namespace, and the liveness probe reaches its metrics port.
+func TestControllerRunsWithLeaderElection(t *testing.T) {
+	for _, c := range Combinations() {
+		for _, d := range find[*appsv1.Deployment](renderT(t, c)) {
+			if d.Name != "tessera-controller" {
+				continue
+			}
+			ctr := one(t, c.Name, d.Spec.Template.Spec.Containers)
+			var o controller.Options
+			runFlags(t, c.Name, ctr, &o)
+			if !o.LeaderElect {
+				t.Errorf("%s: leader election is off", c.Name)
+			}
+			if got := fieldRefs(ctr)["POD_NAMESPACE"]; got != "metadata.namespace" {
+				t.Errorf("%s: POD_NAMESPACE from %q, want metadata.namespace (the Lease's namespace, where its Role is)", c.Name, got)
+			}
+			checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+		}
+	}
+}
+
+// TestWebhookIsReachable: where the webhook is on, its arguments parse and
+// validate with its own flags; it serves the TLS Secret's files; the
+// configuration calls its Service, whose port reaches the HTTPS port; and
+// the CA comes from the Certificate cert-manager issues for the Service's
+// DNS name, or from the caBundle value.
+func TestWebhookIsReachable(t *testing.T) {
+	for _, c := range Combinations() {
+		r := renderT(t, c)
+		vwcs := find[*admissionregistrationv1.ValidatingWebhookConfiguration](r)
+		if webhookValues(c.Values)["enabled"] != true {
+			if len(vwcs) != 0 {
+				t.Errorf("%s: webhook configuration rendered with the webhook off", c.Name)
+			}
+			continue
+		}
+		vwc := one(t, c.Name, vwcs)
+		d := one(t, c.Name, slices.DeleteFunc(find[*appsv1.Deployment](r), func(d *appsv1.Deployment) bool { return d.Name != "tessera-webhook" }))
+		svc := one(t, c.Name, find[*corev1.Service](r))
+		pod := d.Spec.Template.Spec
+		ctr := one(t, c.Name, pod.Containers)
+		var o webhook.Options
+		runFlags(t, c.Name, ctr, &o)
+		secret := ""
+		for _, v := range pod.Volumes {
+			for _, m := range ctr.VolumeMounts {
+				if v.Name == m.Name && v.Secret != nil && filepath.Dir(o.TLSCertFile) == m.MountPath && filepath.Dir(o.TLSPrivateKeyFile) == m.MountPath {
+					secret = v.Secret.SecretName
+				}
+			}
+		}
+		if secret == "" || filepath.Base(o.TLSCertFile) != "tls.crt" || filepath.Base(o.TLSPrivateKeyFile) != "tls.key" {
+			t.Errorf("%s: the webhook does not serve tls.crt and tls.key of a mounted Secret (%s, %s)", c.Name, o.TLSCertFile, o.TLSPrivateKeyFile)
+		}
+		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "https" ||
+			!slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool { return p.Name == "https" && int(p.ContainerPort) == o.Port }) {
+			t.Errorf("%s: Service ports %+v do not reach the webhook's --port %d", c.Name, svc.Spec.Ports, o.Port)
+		}
+		for _, w := range vwc.Webhooks {
+			s := w.ClientConfig.Service
+			if s == nil || s.Namespace != svc.Namespace || s.Name != svc.Name || s.Port == nil || *s.Port != svc.Spec.Ports[0].Port || s.Path == nil || *s.Path != webhook.Path {
+				t.Errorf("%s: webhook %s calls %+v, not the Service %s/%s at %s", c.Name, w.Name, s, svc.Namespace, svc.Name, webhook.Path)
+			}
+		}
+		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+		checkWebhookCA(t, c, r, vwc, svc, secret)
+	}
+}
+
+// checkWebhookCA checks where the webhook configuration's CA comes from.
+func checkWebhookCA(t *testing.T, c Combination, r rendered, vwc *admissionregistrationv1.ValidatingWebhookConfiguration, svc *corev1.Service, secret string) {
+	t.Helper()
+	var cert *unstructured.Unstructured
+	for _, u := range r.certManager {
+		if u.GetKind() == "Certificate" {
+			cert = u
+		}
+	}
+	if cert == nil {
+		for _, w := range vwc.Webhooks {
+			if len(w.ClientConfig.CABundle) == 0 {
+				t.Errorf("%s: webhook %s has no caBundle and no cert-manager Certificate", c.Name, w.Name)
+			}
+		}
+		return
+	}
+	if got, want := vwc.Annotations["cert-manager.io/inject-ca-from"], cert.GetNamespace()+"/"+cert.GetName(); got != want {
+		t.Errorf("%s: inject-ca-from %q, want the Certificate %q", c.Name, got, want)
+	}
+	secretName, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	if secretName != secret || !slices.Contains(dnsNames, svc.Name+"."+svc.Namespace+".svc") {
+		t.Errorf("%s: Certificate writes %q for %v; want the mounted Secret %q for %s.%s.svc", c.Name, secretName, dnsNames, secret, svc.Name, svc.Namespace)
+	}
+}
