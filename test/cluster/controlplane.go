@@ -142,6 +142,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-private-key-file=" + saKey,
 		"--root-ca-file=" + caFile(c.pkiDir()),
 		"--controllers=" + strings.Join(controllers, ","),
+		// Large clusters raise client-go's 20 qps: at the default the
+		// resourceclaim controller (two writes per pod) alone takes ~30 s
+		// to give a 256-pod gang its claims.
+		"--kube-api-qps=200", "--kube-api-burst=400",
 		"--v=2",
 	})
 	if err != nil {
