@@ -133,6 +133,11 @@ func TestGangPlacement(t *testing.T) {
 		if err != nil {
 			t.Fatalf("gang not waiting for lack of a domain:\n%s", describeConditions(g))
 		}
+		// What an operator's dashboard sees: a placement, and attempts that
+		// found no domain.
+		if placed, nofit := ctl.counter(t, `tessera_gang_placement_attempts_total{result="placed"}`), ctl.counter(t, `tessera_gang_placement_attempts_total{result="nofit"}`); placed < 1 || nofit < 1 {
+			t.Errorf("controller metrics: %v placements and %v no-fit attempts, want at least one of each", placed, nofit)
+		}
 		why := conditionMessageOf(g, gangv1.ConditionWaiting)
 		if !regexp.MustCompile(regexp.QuoteMeta(poolA) + `: room for 12 of 16 members`).MatchString(why) {
 			t.Errorf("Waiting message %q does not name the closest domain %s and what it lacked (room for 12 of 16)", why, poolA)

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +70,8 @@ func installController(ctx context.Context, c *cluster.Cluster) (string, error) 
 type runningController struct {
 	cancel context.CancelFunc
 	done   chan error
+	// metrics is where it serves /metrics.
+	metrics string
 }
 
 // startController runs the controller as its service account until stop (or
@@ -81,13 +87,46 @@ func startController(t testing.TB, kubeconfig, topologyKey string, interrupt fun
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
 		Interrupt: interrupt,
 	}
+	// A free port for /metrics, as the chart gives it one.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.MetricsAddress = ln.Addr().String()
+	_ = ln.Close()
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	rc := &runningController{cancel: cancel, done: make(chan error, 1)}
+	rc := &runningController{cancel: cancel, done: make(chan error, 1), metrics: o.MetricsAddress}
 	go func() { rc.done <- controller.Run(ctx, o) }()
 	t.Cleanup(func() { rc.stop() })
 	return rc
+}
+
+// counter scrapes the controller's /metrics and returns the value of one
+// series, e.g. `tessera_gang_placement_attempts_total{result="placed"}`
+// (0 when absent).
+func (rc *runningController) counter(t testing.TB, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + rc.metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape the controller's metrics: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
 }
 
 // stop cancels the controller and waits for it; it returns what Run did.
