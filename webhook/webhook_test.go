@@ -140,19 +140,10 @@ type testServer struct {
 func startServer(t *testing.T) *testServer {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
-	ca := webhooktest.NewCA(t)
-	volume, _ := ca.NewSecretVolume(t, t.TempDir(), "127.0.0.1")
-	reg := prometheus.NewRegistry()
-	srv, err := webhook.Start(ctx, webhook.Options{
-		BindAddress: "127.0.0.1", TLSCertFile: volume.CertFile(), TLSPrivateKeyFile: volume.KeyFile(),
-	}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+	ws := webhooktest.Start(ctx, t)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ws.CA.Pool()}}}
 	t.Cleanup(client.CloseIdleConnections)
-	return &testServer{srv: srv, reg: reg, ca: ca, volume: volume, client: client}
+	return &testServer{srv: ws.Server, reg: ws.Registry, ca: ws.CA, volume: ws.Volume, client: client}
 }
 
 func (s *testServer) post(t *testing.T, method string, body []byte) (int, []byte) {

@@ -187,17 +187,7 @@ func TestExampleConfigsDecode(t *testing.T) {
 				configs = o.Spec.Spec.Devices.Config
 			}
 			for _, c := range configs {
-				if c.Opaque == nil || c.Opaque.Driver != "gpu.tessera.dev" {
-					continue
-				}
-				cfg, err := v1alpha1.Decode(c.Opaque.Parameters.Raw)
-				if err == nil {
-					err = v1alpha1.Validate(cfg).ToAggregate()
-				}
-				if err != nil {
-					t.Errorf("%s: %v", file, err)
-				}
-				checked++
+				checked += checkConfig(t, file, c.Opaque)
 			}
 		}
 	}
@@ -207,20 +197,28 @@ func TestExampleConfigsDecode(t *testing.T) {
 	}
 	for _, dc := range classes {
 		for _, c := range dc.Spec.Config {
-			if c.Opaque == nil || c.Opaque.Driver != "gpu.tessera.dev" {
-				continue
-			}
-			cfg, err := v1alpha1.Decode(c.Opaque.Parameters.Raw)
-			if err == nil {
-				err = v1alpha1.Validate(cfg).ToAggregate()
-			}
-			if err != nil {
-				t.Errorf("DeviceClass %s: %v", dc.Name, err)
-			}
-			checked++
+			checked += checkConfig(t, "DeviceClass "+dc.Name, c.Opaque)
 		}
 	}
 	if checked < 4 {
 		t.Errorf("checked %d configs; the sharing examples and the MPS class have at least 4", checked)
 	}
+}
+
+// checkConfig decodes and validates a Tessera opaque config as the plugin
+// does, reporting errors against where; it returns 1 if the config was
+// Tessera's, else 0.
+func checkConfig(t *testing.T, where string, c *resourceapi.OpaqueDeviceConfiguration) int {
+	t.Helper()
+	if c == nil || c.Driver != "gpu.tessera.dev" {
+		return 0
+	}
+	cfg, err := v1alpha1.Decode(c.Parameters.Raw)
+	if err == nil {
+		err = v1alpha1.Validate(cfg).ToAggregate()
+	}
+	if err != nil {
+		t.Errorf("%s: %v", where, err)
+	}
+	return 1
 }

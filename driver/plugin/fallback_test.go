@@ -20,16 +20,23 @@ import (
 // withoutPartitionableDevices makes the fake API server drop the fields of
 // partitionable devices, as one with DRAPartitionableDevices off does.
 func withoutPartitionableDevices(c *fake.Clientset) {
+	dropFromSlices(c, func(s *resourceapi.ResourceSlice) {
+		s.Spec.SharedCounters = nil
+		for i := range s.Spec.Devices {
+			s.Spec.Devices[i].ConsumesCounters = nil
+		}
+	})
+}
+
+// dropFromSlices makes the fake API server change every ResourceSlice it
+// stores as drop says, as one with a feature off strips that feature's
+// fields.
+func dropFromSlices(c *fake.Clientset, drop func(*resourceapi.ResourceSlice)) {
 	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
 		// Create and update actions both carry the object.
-		a, ok := action.(interface{ GetObject() runtime.Object })
-		if !ok {
-			return false, nil, nil
-		}
-		if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
-			s.Spec.SharedCounters = nil
-			for i := range s.Spec.Devices {
-				s.Spec.Devices[i].ConsumesCounters = nil
+		if a, ok := action.(interface{ GetObject() runtime.Object }); ok {
+			if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
+				drop(s)
 			}
 		}
 		return false, nil, nil
@@ -100,25 +107,16 @@ func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing
 // withoutConsumableCapacity makes the fake API server drop what consumable
 // capacity adds, as one with DRAConsumableCapacity off does.
 func withoutConsumableCapacity(c *fake.Clientset) {
-	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
-		a, ok := action.(interface{ GetObject() runtime.Object })
-		if !ok {
-			return false, nil, nil
-		}
-		if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
-			for i := range s.Spec.Devices {
-				d := &s.Spec.Devices[i]
-				d.AllowMultipleAllocations = nil
-				for name, c := range d.Capacity {
-					c.RequestPolicy = nil
-					d.Capacity[name] = c
-				}
+	dropFromSlices(c, func(s *resourceapi.ResourceSlice) {
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			d.AllowMultipleAllocations = nil
+			for name, c := range d.Capacity {
+				c.RequestPolicy = nil
+				d.Capacity[name] = c
 			}
 		}
-		return false, nil, nil
-	}
-	c.PrependReactor("create", "resourceslices", strip)
-	c.PrependReactor("update", "resourceslices", strip)
+	})
 }
 
 // TestSharedGPUsAreWithdrawnWhenTheAPIServerDropsConsumableCapacity: a shared

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,7 +19,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
@@ -192,23 +190,7 @@ func (a *applier) deleteClusterScoped(ctx context.Context, t *testing.T, combo s
 func checkNodeLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
 	t.Helper()
 	admin := c.Client()
-	node, err := admin.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "tessera-kubelet-plugin", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		ExpirationSeconds: ptr.To(int64(600)),
-		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: token of the plugin's service account: %v", combo, err)
-	}
-	cfg := rest.AnonymousClientConfig(c.RESTConfig())
-	cfg.BearerToken = tr.Status.Token
-	plugin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plugin := pluginTokenClient(ctx, t, c, namespace, "node-a")
 	slice := func(node string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + node},
@@ -219,7 +201,7 @@ func checkNodeLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 	foreign := slice("node-b")
 	start := time.Now()
 	var refusal error
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if _, refusal = plugin.ResourceV1().ResourceSlices().Create(ctx, foreign, metav1.CreateOptions{}); refusal == nil {
 			return false, admin.ResourceV1().ResourceSlices().Delete(ctx, foreign.Name, metav1.DeleteOptions{})
 		}

@@ -39,25 +39,7 @@ func TestNodeLockedSliceWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenClient := func(boundTo string) kubernetes.Interface {
-		spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}
-		if boundTo != "" {
-			node, err := admin.CoreV1().Nodes().Get(ctx, boundTo, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
-		}
-		tr, err := admin.CoreV1().ServiceAccounts(rbac.Namespace).CreateToken(ctx, rbac.KubeletPluginAccount, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("token bound to %q: %v", boundTo, err)
-		}
-		cfg := rest.AnonymousClientConfig(c.RESTConfig())
-		cfg.BearerToken = tr.Status.Token
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return client
+		return pluginTokenClient(ctx, t, c, rbac.Namespace, boundTo)
 	}
 	slice := func(name, node string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{
@@ -106,4 +88,31 @@ func TestNodeLockedSliceWrites(t *testing.T) {
 	if _, err := tokenClient("").ResourceV1().ResourceSlices().Create(ctx, slice("unbound", "node-a"), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "not bound to a node") {
 		t.Errorf("a token without a node wrote a slice: %v", err)
 	}
+}
+
+// pluginTokenClient is an API client with a token of the kubelet plugin's
+// service account in namespace, bound to node boundTo (none when empty), as
+// the kubelet's projected token of a DaemonSet pod is.
+func pluginTokenClient(ctx context.Context, t *testing.T, c *cluster.Cluster, namespace, boundTo string) kubernetes.Interface {
+	t.Helper()
+	admin := c.Client()
+	spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}
+	if boundTo != "" {
+		node, err := admin.CoreV1().Nodes().Get(ctx, boundTo, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
+	}
+	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, rbac.KubeletPluginAccount, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s/%s bound to %q: %v", namespace, rbac.KubeletPluginAccount, boundTo, err)
+	}
+	cfg := rest.AnonymousClientConfig(c.RESTConfig())
+	cfg.BearerToken = tr.Status.Token
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }

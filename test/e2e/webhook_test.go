@@ -36,16 +36,8 @@ func TestWebhookRefusesMalformedConfigsOnTheRealAPIServer(t *testing.T) {
 	defer cancel()
 	client := c.Client()
 
-	ca := webhooktest.NewCA(t)
-	volume, _ := ca.NewSecretVolume(t, t.TempDir(), "127.0.0.1")
-	reg := prometheus.NewRegistry()
-	srv, err := webhook.Start(ctx, webhook.Options{
-		BindAddress: "127.0.0.1", TLSCertFile: volume.CertFile(), TLSPrivateKeyFile: volume.KeyFile(),
-	}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
+	srv := webhooktest.Start(ctx, t)
+	ca := srv.CA
 
 	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 	if err := yaml.UnmarshalStrict(webhookconfig.Configuration, &vwc); err != nil {
@@ -77,7 +69,7 @@ func TestWebhookRefusesMalformedConfigsOnTheRealAPIServer(t *testing.T) {
 	bad := webhookClaim("bad-claim", driverName, percentage150)
 	var refusal error
 	attempts := 0
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		attempts++
 		if _, refusal = client.ResourceV1().ResourceClaims(ns).Create(ctx, bad, metav1.CreateOptions{}); refusal == nil {
 			return false, client.ResourceV1().ResourceClaims(ns).Delete(ctx, bad.Name, metav1.DeleteOptions{})
@@ -118,11 +110,11 @@ func TestWebhookRefusesMalformedConfigsOnTheRealAPIServer(t *testing.T) {
 	expectRefused(t, "class update", err, "deviceclasses.gpu.tessera.dev", "spec.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage")
 
 	// The matchConditions keep other drivers' claims away from the webhook.
-	before := reviewCount(t, reg)
+	before := reviewCount(t, srv.Registry)
 	if _, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, webhookClaim("other-driver", "nic.example.com", foreign), metav1.CreateOptions{}); err != nil {
 		t.Errorf("claim with another driver's config refused: %v", err)
 	}
-	if after := reviewCount(t, reg); after != before {
+	if after := reviewCount(t, srv.Registry); after != before {
 		t.Errorf("the webhook reviewed %v requests for a claim without a Tessera config; the matchConditions should keep it away", after-before)
 	}
 }
