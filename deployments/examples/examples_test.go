@@ -10,15 +10,21 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/api/gpu/v1alpha1"
 	"github.com/tessera-dev/tessera/deviceclass"
 	"github.com/tessera-dev/tessera/driver/discovery"
@@ -28,10 +34,24 @@ import (
 	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
+// examplesScheme knows Kubernetes' types and Tessera's Gang.
+func examplesScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := scheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	gv := schema.GroupVersion{Group: gangv1.Group, Version: gangv1.Version}
+	s.AddKnownTypes(gv, &gangv1.Gang{}, &gangv1.GangList{})
+	metav1.AddToGroupVersion(s, gv)
+	return s
+}
+
 // objects decodes every YAML file under this directory, strictly.
 func objects(t *testing.T) map[string][]runtime.Object {
 	t.Helper()
-	codec := json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, json.SerializerOptions{Yaml: true, Strict: true})
+	s := examplesScheme(t)
+	codec := json.NewSerializerWithOptions(json.DefaultMetaFactory, s, s, json.SerializerOptions{Yaml: true, Strict: true})
 	out := map[string][]runtime.Object{}
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") {
@@ -221,4 +241,58 @@ func checkConfig(t *testing.T, where string, c *resourceapi.OpaqueDeviceConfigur
 		t.Errorf("%s: %v", where, err)
 	}
 	return 1
+}
+
+// TestGangExamplesHoldTogether checks what a gang example needs to start at
+// all: a valid Gang whose selector picks its Job's pods, as many as the Job
+// runs at once, each gated and sharing the gang's domain claim.
+func TestGangExamplesHoldTogether(t *testing.T) {
+	found := 0
+	for file, objs := range objects(t) {
+		jobs := map[string]*batchv1.Job{}
+		claims := map[string]*resourceapi.ResourceClaim{}
+		var gangs []*gangv1.Gang
+		for _, o := range objs {
+			switch o := o.(type) {
+			case *batchv1.Job:
+				jobs[o.Name] = o
+			case *resourceapi.ResourceClaim:
+				claims[o.Name] = o
+			case *gangv1.Gang:
+				gangs = append(gangs, o)
+			}
+		}
+		for _, g := range gangs {
+			found++
+			if _, err := gangv1.Validate(g); err != nil {
+				t.Errorf("%s: gang %s: %v", file, g.Name, err)
+				continue
+			}
+			job := jobs[g.Spec.Selector.MatchLabels[batchv1.JobNameLabel]]
+			if job == nil || len(g.Spec.Selector.MatchLabels) != 1 || len(g.Spec.Selector.MatchExpressions) != 0 {
+				t.Errorf("%s: gang %s selects %v, want exactly the pods of a Job in the file (%s=<job>)", file, g.Name, g.Spec.Selector, batchv1.JobNameLabel)
+				continue
+			}
+			if job.Spec.Parallelism == nil || *job.Spec.Parallelism != g.Spec.Size || job.Spec.Completions == nil || *job.Spec.Completions != g.Spec.Size ||
+				job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
+				t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (the gang's size)", file, job.Name, g.Spec.Size)
+			}
+			pod := job.Spec.Template.Spec
+			if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
+				t.Errorf("%s: Job %s's pods lack the scheduling gate %s: the scheduler would place them one by one", file, job.Name, gangv1.SchedulingGate)
+			}
+			dc := claims[g.Spec.DomainClaimName]
+			if dc == nil || len(dc.Spec.Devices.Requests) != 1 || dc.Spec.Devices.Requests[0].Exactly == nil || dc.Spec.Devices.Requests[0].Exactly.DeviceClassName != "domain.gpu.tessera.dev" {
+				t.Errorf("%s: gang %s's domain claim %q is not a claim of domain.gpu.tessera.dev in the file", file, g.Name, g.Spec.DomainClaimName)
+			}
+			if !slices.ContainsFunc(pod.ResourceClaims, func(rc corev1.PodResourceClaim) bool {
+				return rc.ResourceClaimName != nil && *rc.ResourceClaimName == g.Spec.DomainClaimName
+			}) {
+				t.Errorf("%s: Job %s's pods do not share the domain claim %s", file, job.Name, g.Spec.DomainClaimName)
+			}
+		}
+	}
+	if found < 2 {
+		t.Errorf("found %d gang examples, want the NVLink and the rack one", found)
+	}
 }

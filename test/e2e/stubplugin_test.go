@@ -19,24 +19,32 @@ import (
 
 // stubDriver is a stand-in DRA plugin that exercises the cluster harness
 // (registration, prepare, CDI injection by the runtime) without Tessera's
-// driver. It publishes two devices, "dev-0" and "dev-1", and prepares a
-// claim by writing one CDI spec with a fully specified device node and an
-// environment variable naming the device.
+// driver. By default it publishes two devices, "dev-0" and "dev-1". It
+// prepares a claim by writing one CDI spec with a fully specified device
+// node and an environment variable naming the device. Under another driver
+// name it stands in for a third-party driver, e.g. a NIC's.
 const stubDriver = "stub.tessera.dev"
 
 type stubPlugin struct {
+	driver string
 	cdiDir string
 }
 
+// startStubPlugin runs the stub as stubDriver with devices dev-0 and dev-1.
 func startStubPlugin(ctx context.Context, node *cluster.Node, client kubernetes.Interface) (*kubeletplugin.Helper, error) {
-	p := &stubPlugin{cdiDir: node.CDIDir()}
+	return startStubDriver(ctx, node, client, stubDriver, []resourceapi.Device{{Name: "dev-0"}, {Name: "dev-1"}})
+}
+
+// startStubDriver runs the stub as driver on node, publishing devices.
+func startStubDriver(ctx context.Context, node *cluster.Node, client kubernetes.Interface, driver string, devices []resourceapi.Device) (*kubeletplugin.Helper, error) {
+	p := &stubPlugin{driver: driver, cdiDir: node.CDIDir()}
 	// In a real deployment a hostPath volume (DirectoryOrCreate) makes it.
-	dataDir := filepath.Join(node.PluginsDir(), stubDriver)
+	dataDir := filepath.Join(node.PluginsDir(), driver)
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create plugin data dir: %w", err)
 	}
 	helper, err := kubeletplugin.Start(ctx, p,
-		kubeletplugin.DriverName(stubDriver),
+		kubeletplugin.DriverName(driver),
 		kubeletplugin.NodeName(node.Name()),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(node.RegistrarDir()),
@@ -46,7 +54,7 @@ func startStubPlugin(ctx context.Context, node *cluster.Node, client kubernetes.
 		return nil, fmt.Errorf("start stub plugin on %s: %w", node.Name(), err)
 	}
 	err = helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		node.Name(): {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{{Name: "dev-0"}, {Name: "dev-1"}}}}},
+		node.Name(): {Slices: []resourceslice.Slice{{Devices: devices}}},
 	}})
 	if err != nil {
 		helper.Stop()
@@ -56,7 +64,7 @@ func startStubPlugin(ctx context.Context, node *cluster.Node, client kubernetes.
 }
 
 func (p *stubPlugin) specPath(uid types.UID) string {
-	return filepath.Join(p.cdiDir, stubDriver+"-"+string(uid)+".json")
+	return filepath.Join(p.cdiDir, p.driver+"-"+string(uid)+".json")
 }
 
 func (p *stubPlugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
@@ -65,7 +73,7 @@ func (p *stubPlugin) PrepareResourceClaims(ctx context.Context, claims []*resour
 		var devices []kubeletplugin.Device
 		var cdiDevices []map[string]any
 		for _, r := range claim.Status.Allocation.Devices.Results {
-			if r.Driver != stubDriver {
+			if r.Driver != p.driver {
 				continue
 			}
 			name := string(claim.UID) + "-" + r.Device
@@ -78,10 +86,10 @@ func (p *stubPlugin) PrepareResourceClaims(ctx context.Context, claims []*resour
 			})
 			devices = append(devices, kubeletplugin.Device{
 				Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
-				CDIDeviceIDs: []string{stubDriver + "/dev=" + name},
+				CDIDeviceIDs: []string{p.driver + "/dev=" + name},
 			})
 		}
-		spec, err := json.Marshal(map[string]any{"cdiVersion": "0.6.0", "kind": stubDriver + "/dev", "devices": cdiDevices})
+		spec, err := json.Marshal(map[string]any{"cdiVersion": "0.6.0", "kind": p.driver + "/dev", "devices": cdiDevices})
 		if err == nil {
 			err = os.WriteFile(p.specPath(claim.UID), spec, 0o644)
 		}

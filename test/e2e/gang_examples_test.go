@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/domain"
+)
+
+// rackLabel is the node label the rack example's controller groups by.
+const rackLabel = "topology.kubernetes.io/rack"
+
+// TestGangExamplesRunOnTheLocalCluster applies deployments/examples/gang as a
+// user would, on two GB200 trays of one NVLink clique (rack-1) and two DGX
+// H100s (rack-2), with tessera-controller grouping nodes by rack too. The
+// NVLink Job (two workers of a whole tray each) can only start on the
+// trays, with an IMEX channel; the rack Job (two workers of eight GPUs) only
+// in rack-2. Both start whole, each worker with its rank.
+func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
+	const clique = "5d1c9a40-77e2-4c61-8f0e-2b9d3a6c4e10.7"
+	c := startTessera(t,
+		gpuNodeSpec{name: "tray-1", profile: "gb200-nvl72-tray", clique: clique},
+		gpuNodeSpec{name: "tray-2", profile: "gb200-nvl72-tray", clique: clique},
+		gpuNodeSpec{name: "dgx-1", profile: "dgx-h100"},
+		gpuNodeSpec{name: "dgx-2", profile: "dgx-h100"},
+	)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	// An operator labels the racks (a kubelet may not set kubernetes.io
+	// labels on itself).
+	for node, rack := range map[string]string{"tray-1": "rack-1", "tray-2": "rack-1", "dgx-1": "rack-2", "dgx-2": "rack-2"} {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, rackLabel, rack)
+		noErr(t, ok(c.Client().CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})))
+	}
+	kubeconfig, err := installController(ctx, c.Cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startController(t, kubeconfig, rackLabel, nil)
+	nvlinkPool, rack1, rack2 := domain.PoolName(domain.KindNVLink, clique), domain.PoolName(domain.KindTopology, "rack-1"), domain.PoolName(domain.KindTopology, "rack-2")
+	waitDomains(ctx, t, c, map[string]int{nvlinkPool: 2, rack1: 2, rack2: 2})
+
+	dir := filepath.Join(examplesDir, gangExamples)
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) != 2 {
+		t.Fatalf("gang examples %v (%v), want the NVLink and the rack Job", files, err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Apply(ctx, data); err != nil {
+			t.Fatalf("apply %s: %v", f, err)
+		}
+	}
+
+	gs := newGangs(t, c.Cluster)
+	for _, want := range []struct {
+		job, domainClaim, pool, domainEnv string
+		nodes                             []string
+	}{
+		{"train", "train-domain", nvlinkPool, clique, []string{"tray-1", "tray-2"}},
+		{"rack-train", "rack-train-domain", rack2, "rack-2", []string{"dgx-1", "dgx-2"}},
+	} {
+		pods := c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"="+want.job, 2, 3*time.Minute)
+		g := gs.waitCondition(ctx, t, metav1.NamespaceDefault, want.job, gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+		if !slices.Equal(g.Status.Nodes, want.nodes) {
+			t.Errorf("gang %s placed on %v, want %v", want.job, g.Status.Nodes, want.nodes)
+		}
+		dc := getClaim(ctx, t, c, metav1.NamespaceDefault, want.domainClaim)
+		if r := dc.Status.Allocation.Devices.Results; len(r) != 1 || r[0].Pool != want.pool {
+			t.Errorf("gang %s: domain claim allocated %+v, want a channel of %s", want.job, r, want.pool)
+		}
+		ranks := map[string]bool{}
+		for _, p := range pods {
+			var env map[string]string
+			var imex []string
+			for _, rc := range c.Node(p.Spec.NodeName).Containers() {
+				if rc.PodUID == string(p.UID) && rc.Name == "worker" {
+					env, imex = rc.EnvMap(), deviceNodes(rc, imexRE)
+				}
+			}
+			if env == nil {
+				t.Fatalf("gang %s: no worker container of pod %s recorded on %s", want.job, p.Name, p.Spec.NodeName)
+			}
+			if env[gangv1.EnvGangSize] != "2" || env[gangv1.EnvDomain] != want.domainEnv || env[gangv1.EnvGangRank] != p.Labels[batchv1.JobCompletionIndexAnnotation] {
+				t.Errorf("gang %s: pod %s (index %s) sees %s=%q %s=%q %s=%q, want 2, %s and its index", want.job, p.Name, p.Labels[batchv1.JobCompletionIndexAnnotation],
+					gangv1.EnvGangSize, env[gangv1.EnvGangSize], gangv1.EnvDomain, env[gangv1.EnvDomain], gangv1.EnvGangRank, env[gangv1.EnvGangRank], want.domainEnv)
+			}
+			// Only NVLink domains have an IMEX channel device.
+			if (len(imex) == 1) != (want.pool == nvlinkPool) {
+				t.Errorf("gang %s: pod %s has IMEX channel devices %v", want.job, p.Name, imex)
+			}
+			if env[gangv1.EnvGangRank] != "" {
+				ranks[env[gangv1.EnvGangRank]] = true
+			}
+		}
+		if len(ranks) != 2 {
+			t.Errorf("gang %s: ranks %v, want two distinct", want.job, ranks)
+		}
+		t.Logf("example gang %s runs on %v in %s", want.job, g.Status.Nodes, g.Status.Domain)
+	}
+}
