@@ -19,13 +19,20 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook
 
-.PHONY: all build test unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint
+.PHONY: all build test unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image
 
 all: build
 
 build:
 	@mkdir -p $(OUTPUT)/bin
 	$(GO) build -o $(OUTPUT)/bin/ $(addprefix ./cmd/,$(BINARIES))
+
+# image builds the one image the chart runs (Dockerfile) with a container
+# engine; nothing else needs one.
+IMAGE ?= ghcr.io/tessera-dev/tessera:dev
+CONTAINER_TOOL ?= docker
+image:
+	$(CONTAINER_TOOL) build -t $(IMAGE) .
 
 include test/cluster.mk
 
