@@ -134,6 +134,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return ctx.Err()
 	}
+	defer c.r.metrics.watch(c.gangInf.GetStore().List)()
 	logger.Info("Gang controller started")
 	go func() {
 		for c.work(ctx) {

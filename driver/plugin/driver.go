@@ -68,11 +68,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
+		began := time.Now()
 		err := d.claims.Unprepare(ctx, c.UID)
 		if err == nil {
 			err = d.domains.Unprepare(c.UID)
 		}
-		d.metrics.unprepared(err)
+		d.metrics.unprepared(err, time.Since(began))
 		out[c.UID] = err
 	}
 	return out, nil

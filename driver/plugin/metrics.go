@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -13,9 +14,13 @@ import (
 
 // claimMetrics count prepares and unprepares as the kubelet asked for them.
 type claimMetrics struct {
-	prepares   *prometheus.CounterVec
-	duration   prometheus.Histogram
-	unprepares *prometheus.CounterVec
+	prepares           *prometheus.CounterVec
+	duration           prometheus.Histogram
+	unprepares         *prometheus.CounterVec
+	unprepareDurations prometheus.Histogram
+	// published is the number of devices last handed to the slice
+	// controller.
+	published prometheus.Gauge
 }
 
 // newClaimMetrics registers the claim metrics, and the prepared-devices gauge
@@ -35,6 +40,15 @@ func newClaimMetrics(reg prometheus.Registerer, mgr *prepare.Manager) (*claimMet
 			Name: "tessera_unprepare_total",
 			Help: "Claims the kubelet asked to unprepare, by result (success, error).",
 		}, []string{"result"}),
+		unprepareDurations: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tessera_unprepare_duration_seconds",
+			Help:    "How long unpreparing one claim took, successful or not.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}),
+		published: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tessera_published_devices",
+			Help: "Devices (whole GPUs, MIG partitions) in the ResourceSlices last published for this node.",
+		}),
 	}
 	prepared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tessera_prepared_devices",
@@ -48,7 +62,7 @@ func newClaimMetrics(reg prometheus.Registerer, mgr *prepare.Manager) (*claimMet
 		}
 		return float64(n)
 	})
-	for _, c := range []prometheus.Collector{m.prepares, m.duration, m.unprepares, prepared,
+	for _, c := range []prometheus.Collector{m.prepares, m.duration, m.unprepares, m.unprepareDurations, m.published, prepared,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register plugin metrics: %w", err)
@@ -76,9 +90,24 @@ func (m *claimMetrics) prepared(err error, took time.Duration) {
 	m.duration.Observe(took.Seconds())
 }
 
-func (m *claimMetrics) unprepared(err error) {
+func (m *claimMetrics) unprepared(err error, took time.Duration) {
 	if m == nil {
 		return
 	}
 	m.unprepares.WithLabelValues(result(err)).Inc()
+	m.unprepareDurations.Observe(took.Seconds())
+}
+
+// publishedDevices records what a successful publish handed over.
+func (m *claimMetrics) publishedDevices(res *resourceslice.DriverResources) {
+	if m == nil {
+		return
+	}
+	n := 0
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			n += len(s.Devices)
+		}
+	}
+	m.published.Set(float64(n))
 }

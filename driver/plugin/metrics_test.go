@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,12 +75,16 @@ func TestMetricsAreServedOnTheMetricsAddress(t *testing.T) {
 		`tessera_prepare_total{result="error"} 1`,
 		`tessera_prepare_duration_seconds_count 2`,
 		`tessera_prepared_devices 1`,
+		`tessera_published_devices 4`, // the four L4s (no MIG on L4)
 	)
+	if !regexp.MustCompile(`(?m)^tessera_health_events_total\{gpu="gpu-1",kind="xid",uuid="GPU-[^"]+",xid="48"\} 1$`).MatchString(body) {
+		t.Errorf("metrics lack the XID 48 event of gpu-1:\n%s", body)
+	}
 	if resp, err := h.kubelet.Unprepare(h.ctx, c); err != nil || resp.Claims[string(c.UID)].Error != "" {
 		t.Fatalf("unprepare: %v %v", resp, err)
 	}
 	_, body = scrape(t, addr, "/metrics")
-	wantLines(t, body, `tessera_unprepare_total{result="success"} 1`, `tessera_prepared_devices 0`)
+	wantLines(t, body, `tessera_unprepare_total{result="success"} 1`, `tessera_unprepare_duration_seconds_count 1`, `tessera_prepared_devices 0`)
 
 	// Stopped with the plugin.
 	h.plugin.Stop()

@@ -221,6 +221,9 @@ func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.
 		if err == nil {
 			err = p.helper.PublishResources(ctx, res)
 		}
+		if err == nil {
+			p.driver.metrics.publishedDevices(&res)
+		}
 		if err != nil && ctx.Err() == nil {
 			p.driver.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
 		}

@@ -46,7 +46,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startController(t, kubeconfig, rackLabel, nil)
+	ctl := startController(t, kubeconfig, rackLabel, nil)
 	nvlinkPool, rack1, rack2 := domain.PoolName(domain.KindNVLink, clique), domain.PoolName(domain.KindTopology, "rack-1"), domain.PoolName(domain.KindTopology, "rack-2")
 	waitDomains(ctx, t, c, map[string]int{nvlinkPool: 2, rack1: 2, rack2: 2})
 
@@ -110,5 +110,8 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 			t.Errorf("gang %s: ranks %v, want two distinct", want.job, ranks)
 		}
 		t.Logf("example gang %s runs on %v in %s", want.job, g.Status.Nodes, g.Status.Domain)
+	}
+	if running := ctl.counter(t, `tessera_gangs{state="Running"}`); running != 2 {
+		t.Errorf("controller metrics: %v gangs running, want 2", running)
 	}
 }

@@ -138,6 +138,9 @@ func TestGangPlacement(t *testing.T) {
 		if placed, nofit := ctl.counter(t, `tessera_gang_placement_attempts_total{result="placed"}`), ctl.counter(t, `tessera_gang_placement_attempts_total{result="nofit"}`); placed < 1 || nofit < 1 {
 			t.Errorf("controller metrics: %v placements and %v no-fit attempts, want at least one of each", placed, nofit)
 		}
+		if waiting := ctl.counter(t, `tessera_gangs{state="Waiting"}`); waiting != 1 {
+			t.Errorf("controller metrics: %v gangs waiting, want 1", waiting)
+		}
 		why := conditionMessageOf(g, gangv1.ConditionWaiting)
 		if !regexp.MustCompile(regexp.QuoteMeta(poolA) + `: room for 12 of 16 members`).MatchString(why) {
 			t.Errorf("Waiting message %q does not name the closest domain %s and what it lacked (room for 12 of 16)", why, poolA)
