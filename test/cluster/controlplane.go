@@ -97,7 +97,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 
-	apiserver, err := c.startComponent(ctx, "kube-apiserver", []string{c.bins.APIServer,
+	audit, err := c.auditFlags()
+	if err != nil {
+		return err
+	}
+	apiserver, err := c.startComponent(ctx, "kube-apiserver", append([]string{c.bins.APIServer,
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort),
 		"--tls-cert-file=" + serving.CertFile, "--tls-private-key-file=" + serving.KeyFile,
@@ -112,7 +116,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
-	})
+	}, audit...))
 	if err != nil {
 		return err
 	}

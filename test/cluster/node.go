@@ -237,6 +237,20 @@ func (n *Node) RestartKubelet(ctx context.Context) error {
 	return n.StartKubelet(ctx)
 }
 
+// DropContainers makes the node's runtime forget every pod sandbox and
+// container, as a reboot does; Containers lists only those created after.
+// Stop the kubelet first: a running one would see its pods die one by one
+// instead of finding them all gone when it starts.
+func (n *Node) DropContainers() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.kubelet != nil {
+		return fmt.Errorf("node %s: stop the kubelet before dropping the containers", n.name)
+	}
+	n.runtime.dropAll()
+	return nil
+}
+
 // start starts the kubelet; with waitReady it also waits for the Node
 // object to be Ready.
 func (n *Node) start(ctx context.Context, waitReady bool) error {

@@ -184,6 +184,19 @@ func (r *criRuntime) recorded() []RecordedContainer {
 	return append([]RecordedContainer(nil), r.containers...)
 }
 
+// dropAll forgets every pod sandbox and container, and what was recorded.
+func (r *criRuntime) dropAll() {
+	r.RuntimeService.Lock()
+	clear(r.RuntimeService.Sandboxes)
+	clear(r.RuntimeService.Containers)
+	clear(r.RuntimeService.FakeContainerStats)
+	clear(r.RuntimeService.FakePodSandboxStats)
+	r.RuntimeService.Unlock()
+	r.mu.Lock()
+	r.containers = nil
+	r.mu.Unlock()
+}
+
 // cdiDevices collects the qualified CDI device names of a container, from the
 // CRI field and the cdi.k8s.io/ annotations, without duplicates.
 func cdiDevices(config *runtimeapi.ContainerConfig) ([]string, error) {

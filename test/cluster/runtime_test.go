@@ -145,3 +145,34 @@ func TestRuntimeReportsContainerLogPath(t *testing.T) {
 		t.Errorf("log file not created under the node's /var/log: %v", err)
 	}
 }
+
+// TestDroppedRuntimeListsNothing: after a simulated reboot the kubelet finds
+// no sandbox and no container, and nothing is recorded any more.
+func TestDroppedRuntimeListsNothing(t *testing.T) {
+	client, r, _ := startTestRuntime(t)
+	ctx := t.Context()
+	sandbox, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "pod-1", Namespace: "default", Uid: "uid-1"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := containerRequest("main")
+	req.PodSandboxId = sandbox.PodSandboxId
+	if _, err := client.CreateContainer(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	r.dropAll()
+	sandboxes, err := client.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	containers, err := client.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sandboxes.Items) != 0 || len(containers.Containers) != 0 || len(r.recorded()) != 0 {
+		t.Errorf("after the drop the runtime lists %d sandboxes, %d containers and recorded %d, want none",
+			len(sandboxes.Items), len(containers.Containers), len(r.recorded()))
+	}
+}

@@ -4,11 +4,13 @@
 package e2e
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"testing"
 
+	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/test/cluster"
 )
 
@@ -16,6 +18,10 @@ import (
 // ~15 minutes on two cores; later runs find them cached), then checks that
 // this machine can run a cluster. Set TESSERA_E2E_NO_BUILD=1 to skip the
 // build step, e.g. when `make cluster-bins` already ran.
+//
+// After a passing run of the whole package (no -run or -skip) it checks that
+// every verb the plugin's and controller's roles grant was used by some test
+// (checkRoleUse); a filtered run says the check was skipped.
 func TestMain(m *testing.M) {
 	cluster.StopOnInterrupt()
 	if os.Getenv("TESSERA_E2E_NO_BUILD") == "" {
@@ -30,5 +36,23 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: e2e: this machine cannot run the end-to-end tests:\n%v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	auditDir, err := os.MkdirTemp("", "tessera-audit-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: e2e: create the audit log dir: %v\n", err)
+		os.Exit(1)
+	}
+	cluster.AuditServiceAccounts(rbac.Namespace, auditDir)
+	code := m.Run()
+	switch filtered := flag.Lookup("test.run").Value.String() + flag.Lookup("test.skip").Value.String(); {
+	case code != 0:
+		fmt.Fprintf(os.Stderr, "e2e: the roles' use was not checked: tests failed (audit logs kept in %s)\n", auditDir)
+		os.Exit(code)
+	case filtered != "":
+		fmt.Fprintln(os.Stderr, "e2e: the roles' use was not checked: only a run of the whole package exercises every rule")
+	case !checkRoleUse(os.Stderr, auditDir):
+		fmt.Fprintf(os.Stderr, "e2e: audit logs kept in %s\n", auditDir)
+		os.Exit(1)
+	}
+	_ = os.RemoveAll(auditDir)
+	os.Exit(code)
 }
