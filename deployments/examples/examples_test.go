@@ -277,6 +277,9 @@ func TestGangExamplesHoldTogether(t *testing.T) {
 				job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
 				t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (the gang's size)", file, job.Name, g.Spec.Size)
 			}
+			if !ignoresEvictions(job.Spec.PodFailurePolicy) {
+				t.Errorf("%s: Job %s must ignore DisruptionTarget failures (podFailurePolicy): the controller evicts the members of a gang that lost one", file, job.Name)
+			}
 			pod := job.Spec.Template.Spec
 			if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
 				t.Errorf("%s: Job %s's pods lack the scheduling gate %s: the scheduler would place them one by one", file, job.Name, gangv1.SchedulingGate)
@@ -295,4 +298,18 @@ func TestGangExamplesHoldTogether(t *testing.T) {
 	if found < 2 {
 		t.Errorf("found %d gang examples, want the NVLink and the rack one", found)
 	}
+}
+
+func ignoresEvictions(p *batchv1.PodFailurePolicy) bool {
+	if p == nil {
+		return false
+	}
+	for _, r := range p.Rules {
+		for _, c := range r.OnPodConditions {
+			if r.Action == batchv1.PodFailurePolicyActionIgnore && c.Type == corev1.DisruptionTarget {
+				return true
+			}
+		}
+	}
+	return false
 }

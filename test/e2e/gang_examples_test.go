@@ -37,17 +37,23 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	// An operator labels the racks (a kubelet may not set kubernetes.io
-	// labels on itself).
-	for node, rack := range map[string]string{"tray-1": "rack-1", "tray-2": "rack-1", "dgx-1": "rack-2", "dgx-2": "rack-2"} {
+	// labels on itself); dgx-2 joins rack-2 after the controller runs, and
+	// the rack's pool follows.
+	label := func(node, rack string) {
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, rackLabel, rack)
 		noErr(t, ok(c.Client().CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})))
 	}
+	label("tray-1", "rack-1")
+	label("tray-2", "rack-1")
+	label("dgx-1", "rack-2")
 	kubeconfig, err := installController(ctx, c.Cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctl := startController(t, kubeconfig, rackLabel, nil)
 	nvlinkPool, rack1, rack2 := domain.PoolName(domain.KindNVLink, clique), domain.PoolName(domain.KindTopology, "rack-1"), domain.PoolName(domain.KindTopology, "rack-2")
+	waitDomains(ctx, t, c, map[string]int{nvlinkPool: 2, rack1: 2, rack2: 1})
+	label("dgx-2", "rack-2")
 	waitDomains(ctx, t, c, map[string]int{nvlinkPool: 2, rack1: 2, rack2: 2})
 
 	dir := filepath.Join(examplesDir, gangExamples)

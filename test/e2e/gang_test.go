@@ -49,13 +49,14 @@ func TestGangPlacement(t *testing.T) {
 		{name: "tray-b1", profile: "gb200-nvl72-tray", clique: cliqueB},
 	}
 	c := startTessera(t, specs...)
-	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
 	kubeconfig, err := installController(ctx, c.Cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctl := startController(t, kubeconfig, "", nil)
+	parent := t
 	waitDomains(ctx, t, c, map[string]int{poolA: 4, poolB: 1})
 	gs := newGangs(t, c.Cluster)
 	client := c.Client()
@@ -285,7 +286,15 @@ func TestGangPlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		ctl = startController(parent, kubeconfig, "", nil)
 	})
+
+	e := gangEnv{parent: parent, c: c, gs: gs, kubeconfig: kubeconfig, ctl: &ctl}
+	t.Run("ADeviceTakenBeforeTheCommitRollsTheGangBackAndItIsPlacedWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheCommit(ctx, t) })
+	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
+	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
+	// Last: the cluster loses a node.
+	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
 }
 
 // waitDomains waits until the controller publishes exactly these domain
@@ -317,7 +326,8 @@ func indexedJob(ns, name string, n int32, template, domainClaimName string) *bat
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: batchv1.JobSpec{
 			Completions: ptr.To(n), Parallelism: ptr.To(n),
-			CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			CompletionMode:   ptr.To(batchv1.IndexedCompletion),
+			PodFailurePolicy: podFailurePolicy,
 			Template: corev1.PodTemplateSpec{
 				Spec: func() corev1.PodSpec {
 					s := pod.Spec

@@ -1,0 +1,376 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/controller/gang"
+)
+
+// This file holds TestGangPlacement's failure subtests: the outcomes
+// docs/gang.md promises for a device taken between the fit check and the
+// commit, a member failing, a gang deleted, and a node leaving.
+
+// gangEnv is what the failure subtests share with TestGangPlacement.
+type gangEnv struct {
+	// parent is TestGangPlacement's t: controllers meant to outlive a
+	// subtest are tied to it (a subtest's cleanups would stop them).
+	parent     *testing.T
+	c          *tesseraCluster
+	gs         gangs
+	kubeconfig string
+	// ctl is the running controller; subtests that need another stop it
+	// and leave a plain one running.
+	ctl **runningController
+}
+
+// setUp makes a namespace with a one-GPU template and a domain claim.
+func (e gangEnv) setUp(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	e.c.newNamespace(ctx, t, ns)
+	client := e.c.Client()
+	noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
+	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
+}
+
+// restartController replaces the running controller with one that has
+// the interrupt hook (nil: a plain one).
+func (e gangEnv) restartController(t *testing.T, interrupt func(string) bool) *runningController {
+	t.Helper()
+	if err := (*e.ctl).stop(); err != nil {
+		t.Fatalf("stop the controller: %v", err)
+	}
+	*e.ctl = startController(e.parent, e.kubeconfig, "", interrupt)
+	return *e.ctl
+}
+
+// deviceTakenBeforeTheCommit: another workload's claim gets one of the
+// devices the controller has just written for the gang, before its
+// re-check (what the scheduler binding a pod meanwhile does). The gang is
+// rolled back and placed again without that device.
+func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
+	const ns = "race"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	// The rival: a pod held back by a gate of its own, whose claim the test
+	// allocates itself, as the scheduler would.
+	rival := newGPUPod(ns, "rival", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")})
+	rival.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+	noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, rival, metav1.CreateOptions{})))
+	var rivalClaim string
+	waitFor(ctx, t, "the rival's claim", func() bool {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "rival", metav1.GetOptions{})
+		if err == nil && len(p.Status.ResourceClaimStatuses) == 1 && p.Status.ResourceClaimStatuses[0].ResourceClaimName != nil {
+			rivalClaim, rival = *p.Status.ResourceClaimStatuses[0].ResourceClaimName, p
+		}
+		return rivalClaim != ""
+	})
+	t.Cleanup(func() { e.c.deletePodsAndWait(context.WithoutCancel(ctx), t, rival) })
+
+	var raced atomic.Bool
+	var taken atomic.Pointer[resourceapi.DeviceRequestAllocationResult]
+	take := func() error {
+		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, mc := range list.Items {
+			if mc.Annotations[gangv1.AnnotationRank] == "" || mc.Status.Allocation == nil {
+				continue
+			}
+			r := mc.Status.Allocation.Devices.Results[0]
+			rc, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, rivalClaim, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			rc.Status.Allocation = &resourceapi.AllocationResult{
+				Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: r.Driver, Pool: r.Pool, Device: r.Device}}},
+				NodeSelector: mc.Status.Allocation.NodeSelector,
+			}
+			rc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: rival.Name, UID: rival.UID}}
+			if _, err := client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, rc, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			taken.Store(&r)
+			return nil
+		}
+		return fmt.Errorf("no member claim written")
+	}
+	var takeErr atomic.Value
+	ctl := e.restartController(t, func(step string) bool {
+		if step == gang.StepCommit && !raced.Swap(true) {
+			if err := take(); err != nil {
+				takeErr.Store(err)
+			}
+		}
+		return false
+	})
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
+	e.gs.create(ctx, t, labelGang(ns, "g", 4, "g-domain"))
+	e.c.createMembers(ctx, t, ns, "g", "one-gpu", "g-domain", 4)
+
+	pods := e.c.waitAllRunning(ctx, t, ns, "gang=g", 4, 3*time.Minute)
+	if err, _ := takeErr.Load().(error); err != nil {
+		t.Fatalf("taking a device for the rival: %v", err)
+	}
+	r := taken.Load()
+	if r == nil {
+		t.Fatal("the hook never ran at the commit step")
+	}
+	if !e.c.hasEvent(ctx, ns, "g", gangv1.ReasonRolledBack) {
+		t.Errorf("no %s event on the gang; events:\n%s", gangv1.ReasonRolledBack, e.c.events(ctx, ns))
+	}
+	if n := ctl.counter(t, `tessera_gang_placement_attempts_total{result="rolledback"}`); n != 1 {
+		t.Errorf("controller metrics: %v rolled-back attempts, want 1", n)
+	}
+	held := map[string]string{}
+	for i := range pods {
+		for _, res := range e.c.claimOf(ctx, t, &pods[i], "gpu").Status.Allocation.Devices.Results {
+			key := res.Pool + "/" + res.Device
+			if other, dup := held[key]; dup {
+				t.Errorf("device %s held by members %s and %s", key, other, pods[i].Name)
+			}
+			held[key] = pods[i].Name
+		}
+	}
+	if m, ok := held[r.Pool+"/"+r.Device]; ok {
+		t.Errorf("member %s holds %s/%s, which the rival took before the commit", m, r.Pool, r.Device)
+	}
+	rc := getClaim(ctx, t, e.c, ns, rivalClaim)
+	if rc.Status.Allocation == nil || rc.Status.Allocation.Devices.Results[0].Device != r.Device {
+		t.Errorf("the rival lost %s/%s: %+v", r.Pool, r.Device, rc.Status.Allocation)
+	}
+	t.Logf("rival took %s/%s before the commit; the gang was rolled back and placed on %v", r.Pool, r.Device, held)
+	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "g")
+	e.restartController(t, nil)
+}
+
+// memberFails: one member of a running Job gang exits with an error. The
+// controller evicts the others (the Job's podFailurePolicy ignores
+// evictions), the Job recreates its members, and the gang is placed again
+// as a new placement; nothing of the old one stays allocated.
+func (e gangEnv) memberFails(ctx context.Context, t *testing.T) {
+	const ns = "fail"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec: gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain",
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+
+	old := e.c.waitAllRunning(ctx, t, ns, jobName+"=train", 4, 3*time.Minute)
+	first := e.gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute).Annotations[gangv1.AnnotationCommitted]
+	victim := old[0]
+	if err := e.c.Node(victim.Spec.NodeName).ExitContainer(string(victim.UID), "main", 1); err != nil {
+		t.Fatal(err)
+	}
+	oldUIDs := map[string]bool{}
+	for _, p := range old {
+		oldUIDs[string(p.UID)] = true
+	}
+	var second string
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		second = e.gs.get(ctx, t, ns, "train").Annotations[gangv1.AnnotationCommitted]
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+		if err != nil || second == "" || second == first {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !oldUIDs[string(p.UID)] && p.Annotations[gangv1.AnnotationPlacement] == second {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == 4, nil
+	})
+	if err != nil {
+		var b strings.Builder
+		list, _ := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		for _, p := range list.Items {
+			fmt.Fprintf(&b, "  pod %s: %s node=%q gates=%v placement=%q deleting=%v\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Spec.SchedulingGates, p.Annotations[gangv1.AnnotationPlacement], p.DeletionTimestamp != nil)
+		}
+		if job, err := client.BatchV1().Jobs(ns).Get(ctx, "train", metav1.GetOptions{}); err == nil {
+			fmt.Fprintf(&b, "  job: active=%d failed=%d terminating=%v ready=%v failedIndexes=%v conditions=%+v\n", job.Status.Active, job.Status.Failed, ptr.Deref(job.Status.Terminating, -1), ptr.Deref(job.Status.Ready, -1), ptr.Deref(job.Status.FailedIndexes, ""), job.Status.Conditions)
+		}
+		for _, p := range list.Items {
+			fmt.Fprintf(&b, "  pod %s: finalizers=%v conditions=%v\n", p.Name, p.Finalizers, p.Status.Conditions)
+		}
+		claims, _ := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		for _, c := range claims.Items {
+			fmt.Fprintf(&b, "  claim %s: allocated=%v placement=%q reservedFor=%v\n", c.Name, c.Status.Allocation != nil, c.Annotations[gangv1.AnnotationPlacement], c.Status.ReservedFor)
+		}
+		t.Fatalf("the gang was not placed again after member %s failed (placement %q, was %q):\n%s%s\nevents:\n%s", victim.Name, second, first, describeConditions(e.gs.get(ctx, t, ns, "train")), b.String(), e.c.events(ctx, ns))
+	}
+	if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) {
+		t.Errorf("no %s event on the gang; events:\n%s", gangv1.ReasonMemberLost, e.c.events(ctx, ns))
+	}
+	// The other old members were evicted, not left running beside the new
+	// placement.
+	for _, p := range old {
+		cur, err := client.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err == nil && cur.Status.Phase == corev1.PodRunning && cur.DeletionTimestamp == nil {
+			t.Errorf("old member %s still runs beside the new placement", p.Name)
+		}
+	}
+	// Only the new placement holds devices once the old members are gone.
+	waitFor(ctx, t, "only claims of placement "+second+" allocated", func() bool {
+		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range list.Items {
+			if c.Status.Allocation != nil && c.Annotations[gangv1.AnnotationPlacement] != second {
+				return false
+			}
+		}
+		return true
+	})
+	e.gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	t.Logf("member %s failed: placement %s replaced by %s", victim.Name, first, second)
+}
+
+// gangDeleted: deleting a running gang leaves its members running; deleting
+// a gang whose placement a crash cut short frees the claims it had written
+// and leaves its members gated.
+func (e gangEnv) gangDeleted(ctx context.Context, t *testing.T) {
+	const ns = "delete"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "cut-domain"), metav1.CreateOptions{})))
+
+	e.gs.create(ctx, t, labelGang(ns, "keep", 2, "g-domain"))
+	e.c.createMembers(ctx, t, ns, "keep", "one-gpu", "g-domain", 2)
+	running := e.c.waitAllRunning(ctx, t, ns, "gang=keep", 2, 3*time.Minute)
+	e.gs.delete(ctx, t, ns, "keep") // waits until the finalizer is gone
+	for _, p := range running {
+		cur, err := client.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil || cur.UID != p.UID || cur.Status.Phase != corev1.PodRunning || cur.DeletionTimestamp != nil {
+			t.Errorf("member %s of a deleted gang no longer runs: %v", p.Name, err)
+			continue
+		}
+		if c := e.c.claimOf(ctx, t, cur, "gpu"); c.Status.Allocation == nil {
+			t.Errorf("member %s lost its GPU with its gang", p.Name)
+		}
+	}
+	if dc := getClaim(ctx, t, e.c, ns, "g-domain"); dc.Status.Allocation == nil {
+		t.Error("the domain claim of running members was freed with their gang")
+	}
+
+	var reached atomic.Int32
+	dying := e.restartController(t, func(step string) bool {
+		return step == gang.StepClaimWritten && reached.Add(1) == 2
+	})
+	e.gs.create(ctx, t, labelGang(ns, "cut", 4, "cut-domain"))
+	e.c.createMembers(ctx, t, ns, "cut", "one-gpu", "cut-domain", 4)
+	select {
+	case <-dying.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the controller was not interrupted")
+	}
+	allocated := 0
+	for _, p := range e.c.gangPods(ctx, t, ns, "cut") {
+		if a := getClaim(ctx, t, e.c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName).Status.Allocation; a != nil {
+			allocated++
+		}
+	}
+	if allocated == 0 {
+		t.Fatal("nothing allocated at the interruption: the test does not exercise a cut placement")
+	}
+	err := e.gs.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns).Delete(ctx, "cut", metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	*e.ctl = startController(e.parent, e.kubeconfig, "", nil)
+	e.gs.delete(ctx, t, ns, "cut") // gone once the new leader finalized it
+	e.c.checkHeldNothing(ctx, t, ns, e.c.gangPods(ctx, t, ns, "cut"), "cut-domain")
+	t.Logf("deleted gang keep: 2 members run on; deleted gang cut: %d claims written before the crash freed", allocated)
+
+	var pods []*corev1.Pod
+	for _, name := range []string{"keep", "cut"} {
+		ps := e.c.gangPods(ctx, t, ns, name)
+		for i := range ps {
+			pods = append(pods, &ps[i])
+		}
+	}
+	e.c.deletePodsAndWait(ctx, t, pods...)
+}
+
+// nodeLeaves: the node of a running gang leaves the cluster (its kubelet
+// stops and the Node is deleted, as a cloud provider does). The pod GC
+// deletes its pods, the controller reports the loss, the Job recreates the
+// members, and the gang is placed again in a domain that still fits.
+func (e gangEnv) nodeLeaves(ctx context.Context, t *testing.T) {
+	const ns = "leave"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns},
+		Spec: gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain",
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "edge"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "edge", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "edge") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "edge") })
+
+	e.c.waitAllRunning(ctx, t, ns, jobName+"=edge", 4, 3*time.Minute)
+	g := e.gs.waitCondition(ctx, t, ns, "edge", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	if !slices.Equal(g.Status.Nodes, []string{"tray-b1"}) {
+		t.Fatalf("gang placed on %v, want the smallest domain, clique B's tray-b1", g.Status.Nodes)
+	}
+	e.c.nodes["tray-b1"].StopPlugin()
+	e.c.Node("tray-b1").StopKubelet()
+	noErr(t, client.CoreV1().Nodes().Delete(ctx, "tray-b1", metav1.DeleteOptions{}))
+	began := time.Now()
+
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=edge"})
+		if err != nil {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Spec.NodeName != "tray-b1" {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == 4, nil
+	})
+	if err != nil {
+		t.Fatalf("the gang was not placed again after its node left:\n%s\nevents:\n%s", describeConditions(e.gs.get(ctx, t, ns, "edge")), e.c.events(ctx, ns))
+	}
+	g = e.gs.waitCondition(ctx, t, ns, "edge", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	if len(g.Status.Domain) < len(poolA) || g.Status.Domain[:len(poolA)] != poolA {
+		t.Errorf("gang placed again in %s, want clique A (clique B left with its node)", g.Status.Domain)
+	}
+	if !e.c.hasEvent(ctx, ns, "edge", gangv1.ReasonMemberLost) {
+		t.Errorf("no %s event on the gang; events:\n%s", gangv1.ReasonMemberLost, e.c.events(ctx, ns))
+	}
+	t.Logf("node tray-b1 left: the gang runs again on %v in %s, %v after the Node was deleted", g.Status.Nodes, g.Status.Domain, time.Since(began).Round(time.Second))
+}
+
+// podFailurePolicy ignores evictions: the controller evicts the members of a
+// lost placement, which must not count against the Job's backoff.
+var podFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
+	Action:          batchv1.PodFailurePolicyActionIgnore,
+	OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+}}}
