@@ -27,13 +27,17 @@ func run(ctx context.Context, o plugin.Options) error {
 	if err != nil {
 		return err
 	}
+	// The plugin's context derives from ctx, so a signal closes both: only
+	// a plugin that stopped while ctx lives failed.
 	select {
 	case <-ctx.Done():
+	case <-p.Done():
+	}
+	if ctx.Err() != nil {
 		klog.FromContext(ctx).Info("Shutting down", "cause", context.Cause(ctx))
 		p.Stop()
 		return nil
-	case <-p.Done():
-		p.Stop()
-		return fmt.Errorf("stopped: %w", p.Err())
 	}
+	p.Stop()
+	return fmt.Errorf("stopped: %w", p.Err())
 }

@@ -35,11 +35,15 @@ func run(ctx context.Context, o webhook.Options) error {
 		}
 		defer ms.Stop()
 	}
+	// A signal may close both: only a server that stopped while ctx lives
+	// failed.
 	select {
 	case <-ctx.Done():
+	case <-srv.Done():
+	}
+	if ctx.Err() != nil {
 		klog.FromContext(ctx).Info("Shutting down", "cause", context.Cause(ctx))
 		return nil
-	case <-srv.Done():
-		return fmt.Errorf("stopped: %w", srv.Err())
 	}
+	return fmt.Errorf("stopped: %w", srv.Err())
 }

@@ -167,17 +167,8 @@ func (e gangEnv) memberFails(ctx context.Context, t *testing.T) {
 	const ns = "fail"
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
-	e.gs.create(ctx, t, &gangv1.Gang{
-		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
-		Spec: gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain",
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
-	})
-	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
-	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
-	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
-
-	old := e.c.waitAllRunning(ctx, t, ns, jobName+"=train", 4, 3*time.Minute)
-	first := e.gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute).Annotations[gangv1.AnnotationCommitted]
+	old, g := e.c.runJobGang(ctx, t, e.gs, ns, "train", "one-gpu", "g-domain", 4)
+	first := g.Annotations[gangv1.AnnotationCommitted]
 	victim := old[0]
 	if err := e.c.Node(victim.Spec.NodeName).ExitContainer(string(victim.UID), "main", 1); err != nil {
 		t.Fatal(err)
@@ -322,17 +313,7 @@ func (e gangEnv) nodeLeaves(ctx context.Context, t *testing.T) {
 	const ns = "leave"
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
-	e.gs.create(ctx, t, &gangv1.Gang{
-		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns},
-		Spec: gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain",
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "edge"}}},
-	})
-	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "edge", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
-	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "edge") })
-	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "edge") })
-
-	e.c.waitAllRunning(ctx, t, ns, jobName+"=edge", 4, 3*time.Minute)
-	g := e.gs.waitCondition(ctx, t, ns, "edge", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	_, g := e.c.runJobGang(ctx, t, e.gs, ns, "edge", "one-gpu", "g-domain", 4)
 	if !slices.Equal(g.Status.Nodes, []string{"tray-b1"}) {
 		t.Fatalf("gang placed on %v, want the smallest domain, clique B's tray-b1", g.Status.Nodes)
 	}

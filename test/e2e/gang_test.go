@@ -66,18 +66,7 @@ func TestGangPlacement(t *testing.T) {
 		c.newNamespace(ctx, t, ns)
 		noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
 		noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "train-domain"), metav1.CreateOptions{})))
-		gs.create(ctx, t, &gangv1.Gang{
-			ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
-			Spec: gangv1.GangSpec{Size: 16, DomainClaimName: "train-domain",
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
-		})
-		job := indexedJob(ns, "train", 16, "one-gpu", "train-domain")
-		noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})))
-		t.Cleanup(func() { c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
-		t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
-
-		pods := c.waitAllRunning(ctx, t, ns, jobName+"=train", 16, 3*time.Minute)
-		g := gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+		pods, g := c.runJobGang(ctx, t, gs, ns, "train", "one-gpu", "train-domain", 16)
 		dc := getClaim(ctx, t, c, ns, "train-domain")
 		results := dc.Status.Allocation.Devices.Results
 		if len(results) != 1 || results[0].Pool != poolA {

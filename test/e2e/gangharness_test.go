@@ -246,6 +246,25 @@ func memberPod(ns, name, gangLabel, template, domain string) *corev1.Pod {
 	return pod
 }
 
+// runJobGang runs a gang of an indexed Job of size members, each with a
+// claim from template and the shared domain claim, deleted at t's end; it
+// returns the members and the gang once every member runs.
+func (c *tesseraCluster) runJobGang(ctx context.Context, t *testing.T, gs gangs, ns, name, template, domain string, size int32) ([]corev1.Pod, *gangv1.Gang) {
+	t.Helper()
+	gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: gangv1.GangSpec{Size: size, DomainClaimName: domain,
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: name}}},
+	})
+	if _, err := c.Client().BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, name, size, template, domain), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.deleteJob(context.WithoutCancel(ctx), t, ns, name) })
+	t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, name) })
+	pods := c.waitAllRunning(ctx, t, ns, jobName+"="+name, int(size), 3*time.Minute)
+	return pods, gs.waitCondition(ctx, t, ns, name, gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+}
+
 // labelGang is a gang of the pods labelled gang=<name>.
 func labelGang(ns, name string, size int32, domain string) *gangv1.Gang {
 	return &gangv1.Gang{

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -40,20 +39,7 @@ func TestMIGPartitionIsCreatedForItsPodAndDestroyedAfter(t *testing.T) {
 	if n := instances(); n != 0 {
 		t.Fatalf("fresh node has %d GPU instances, want 0", n)
 	}
-	template := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "one-slice", Namespace: ns},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{
-			Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-				Name: "mig",
-				Exactly: &resourceapi.ExactDeviceRequest{
-					DeviceClassName: migClass,
-					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-						Expression: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`,
-					}}},
-				},
-			}}},
-		}},
-	}
+	template := migTemplate(ns, "one-slice", "1g.10gb")
 	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, template, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

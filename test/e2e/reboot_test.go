@@ -32,20 +32,7 @@ func TestRebootPreparesClaimsAfreshAndLeaksNothing(t *testing.T) {
 	client := c.Client()
 	const ns = "reboot"
 	c.newNamespace(ctx, t, ns)
-	slice := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "one-slice", Namespace: ns},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{
-			Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-				Name: "mig",
-				Exactly: &resourceapi.ExactDeviceRequest{
-					DeviceClassName: migClass,
-					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-						Expression: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`,
-					}}},
-				},
-			}}},
-		}},
-	}
+	slice := migTemplate(ns, "one-slice", "1g.10gb")
 	for _, tmpl := range []*resourceapi.ResourceClaimTemplate{gpuTemplate(ns, "one-gpu", 1), slice} {
 		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -216,6 +216,24 @@ func gpuTemplate(ns, name string, count int64) *resourceapi.ResourceClaimTemplat
 	}
 }
 
+// migTemplate is a template for one MIG partition of the profile.
+func migTemplate(ns, name, profile string) *resourceapi.ResourceClaimTemplate {
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{
+			Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "mig",
+				Exactly: &resourceapi.ExactDeviceRequest{
+					DeviceClassName: migClass,
+					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+						Expression: fmt.Sprintf(`device.attributes["gpu.tessera.dev"].profile == %q`, profile),
+					}}},
+				},
+			}}},
+		}},
+	}
+}
+
 // createAndRun creates the pod and waits until it runs; it returns the
 // running pod.
 func (c *tesseraCluster) createAndRun(ctx context.Context, t testing.TB, pod *corev1.Pod) *corev1.Pod {
