@@ -199,7 +199,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	p.background.Add(1)
 	go func() {
 		defer p.background.Done()
-		p.publish(healthCtx, o.Node.NodeName, gpus, invOpts, inv, monitor)
+		p.publish(healthCtx, client, o.Node.NodeName, gpus, invOpts, inv, monitor)
 	}()
 	p.background.Add(1)
 	go func() {
@@ -214,10 +214,17 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 // a device's health changes, with static MIG if the API server turns out not
 // to serve partitionable devices, and without shared GPUs if it does not
 // serve consumable capacity, until ctx ends.
-func (p *Plugin) publish(ctx context.Context, nodeName string, gpus []discovery.GPU, opts inventory.Options, inv *inventory.Inventory, monitor *health.Monitor) {
+func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeName string, gpus []discovery.GPU, opts inventory.Options, inv *inventory.Inventory, monitor *health.Monitor) {
 	var taints map[string][]resourceapi.DeviceTaint
+	first := true
 	publish := func() {
 		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
+		if err == nil && first {
+			first = false
+			if _, perr := prepublish(ctx, client, nodeName, res); perr != nil {
+				klog.FromContext(ctx).Info("Publishing through the ResourceSlice controller only", "reason", perr)
+			}
+		}
 		if err == nil {
 			err = p.helper.PublishResources(ctx, res)
 		}
