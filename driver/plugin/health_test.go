@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -88,6 +90,24 @@ func (h *healthHarness) awaitSlices(what string, ok func(map[string][]string) bo
 	}
 }
 
+// awaitSliceController waits until kubeletplugin's ResourceSlice controller
+// publishes: the plugin writes a fresh node's first slices itself, and the
+// controller acts one informer-sync poll (a second, upstream) after it
+// starts watching. Latencies measured after this are the steady state's.
+func (h *healthHarness) awaitSliceController() {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.ContainsFunc(h.client.Actions(), func(a k8stesting.Action) bool {
+		return a.GetVerb() == "watch" && a.GetResource().Resource == "resourceslices"
+	}) {
+		if time.Now().After(deadline) {
+			h.t.Fatal("the ResourceSlice controller never started watching")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // one upstream poll, and margin
+}
+
 // watchHealth calls WatchHealthStatus as the kubelet's stream would.
 func (h *healthHarness) watchHealth(ctx context.Context) (<-chan kubeletplugin.DeviceHealthReport, <-chan error) {
 	reports := make(chan kubeletplugin.DeviceHealthReport)
@@ -150,6 +170,7 @@ func TestFaultedGPUIsTaintedInPublishedSlicesAndReported(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startHealth(t, "pcie-l4x4")
 			h.awaitSlices("initial slices", func(m map[string][]string) bool { return len(m) == 4 })
+			h.awaitSliceController()
 			reports, _ := h.watchHealth(h.ctx)
 			awaitReport(t, reports, func(m map[string]kubeletplugin.HealthStatus) bool {
 				return cmp.Equal(m, allHealthyBut("", ""))
