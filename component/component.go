@@ -72,3 +72,19 @@ func RESTConfig(kubeconfig string, qps float32, burst int, userAgent string) (*r
 	cfg.UserAgent = userAgent
 	return cfg, nil
 }
+
+// Wait blocks until ctx ends (a signal: nil) or the component's own work
+// stops (done closes: err's error). The work's context usually derives from
+// ctx, so a signal closes both; only work that stopped while ctx lives
+// failed.
+func Wait(ctx context.Context, done <-chan struct{}, err func() error) error {
+	select {
+	case <-ctx.Done():
+	case <-done:
+	}
+	if ctx.Err() != nil {
+		klog.FromContext(ctx).Info("Shutting down", "cause", context.Cause(ctx))
+		return nil
+	}
+	return fmt.Errorf("stopped: %w", err())
+}

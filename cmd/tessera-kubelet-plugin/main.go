@@ -5,9 +5,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-
-	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/driver/plugin"
@@ -27,17 +24,7 @@ func run(ctx context.Context, o plugin.Options) error {
 	if err != nil {
 		return err
 	}
-	// The plugin's context derives from ctx, so a signal closes both: only
-	// a plugin that stopped while ctx lives failed.
-	select {
-	case <-ctx.Done():
-	case <-p.Done():
-	}
-	if ctx.Err() != nil {
-		klog.FromContext(ctx).Info("Shutting down", "cause", context.Cause(ctx))
-		p.Stop()
-		return nil
-	}
+	err = component.Wait(ctx, p.Done(), p.Err)
 	p.Stop()
-	return fmt.Errorf("stopped: %w", p.Err())
+	return err
 }

@@ -6,9 +6,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-
-	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/metricsserver"
@@ -35,15 +32,5 @@ func run(ctx context.Context, o webhook.Options) error {
 		}
 		defer ms.Stop()
 	}
-	// A signal may close both: only a server that stopped while ctx lives
-	// failed.
-	select {
-	case <-ctx.Done():
-	case <-srv.Done():
-	}
-	if ctx.Err() != nil {
-		klog.FromContext(ctx).Info("Shutting down", "cause", context.Cause(ctx))
-		return nil
-	}
-	return fmt.Errorf("stopped: %w", srv.Err())
+	return component.Wait(ctx, srv.Done(), srv.Err)
 }

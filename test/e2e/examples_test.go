@@ -79,13 +79,7 @@ func TestEveryExampleRunsOnTheLocalCluster(t *testing.T) {
 	sort.Strings(files)
 	pods := map[string]string{} // pod or Deployment name -> file
 	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tc.Apply(ctx, data); err != nil {
-			t.Fatalf("apply %s: %v", f, err)
-		}
+		data := applyFile(ctx, t, tc, f)
 		for _, obj := range decodeAll(t, f, data) {
 			if k := obj.GetKind(); k == "Pod" || k == "Deployment" {
 				pods[obj.GetName()] = filepath.Base(f)
@@ -201,6 +195,20 @@ func checkGPUNextToNIC(ctx context.Context, t *testing.T, tc *tesseraCluster, po
 		t.Errorf("gpu-next-to-nic: container sees NIC %q, want %q", env["STUB_DEVICE"], nic)
 	}
 	t.Logf("gpu-next-to-nic: GPU and %s share PCIe root %s on %s", nic, gpuRoot, pod.Spec.NodeName)
+}
+
+// applyFile applies a manifest file as a user would and returns its
+// content.
+func applyFile(ctx context.Context, t *testing.T, tc *tesseraCluster, file string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tc.Apply(ctx, data); err != nil {
+		t.Fatalf("apply %s: %v", file, err)
+	}
+	return data
 }
 
 func decodeAll(t *testing.T, file string, data []byte) []*unstructured.Unstructured {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -62,13 +61,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 		t.Fatalf("gang examples %v (%v), want the NVLink and the rack Job", files, err)
 	}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Apply(ctx, data); err != nil {
-			t.Fatalf("apply %s: %v", f, err)
-		}
+		applyFile(ctx, t, c, f)
 	}
 
 	gs := newGangs(t, c.Cluster)

@@ -295,14 +295,7 @@ func (e gangEnv) gangDeleted(ctx context.Context, t *testing.T) {
 	e.c.checkHeldNothing(ctx, t, ns, e.c.gangPods(ctx, t, ns, "cut"), "cut-domain")
 	t.Logf("deleted gang keep: 2 members run on; deleted gang cut: %d claims written before the crash freed", allocated)
 
-	var pods []*corev1.Pod
-	for _, name := range []string{"keep", "cut"} {
-		ps := e.c.gangPods(ctx, t, ns, name)
-		for i := range ps {
-			pods = append(pods, &ps[i])
-		}
-	}
-	e.c.deletePodsAndWait(ctx, t, pods...)
+	e.c.deleteGangPods(ctx, t, ns, "keep", "cut")
 }
 
 // nodeLeaves: the node of a running gang leaves the cluster (its kubelet

@@ -197,13 +197,7 @@ func TestGangPlacement(t *testing.T) {
 		c.checkHeldNothing(ctx, t, ns, c.gangPods(ctx, t, ns, loser), loser+"-domain")
 
 		// Once the winner is gone, the loser is placed whole.
-		gs.delete(ctx, t, ns, winner)
-		winnerPods := c.gangPods(ctx, t, ns, winner)
-		ptrs := make([]*corev1.Pod, len(winnerPods))
-		for i := range winnerPods {
-			ptrs[i] = &winnerPods[i]
-		}
-		c.deletePodsAndWait(ctx, t, ptrs...)
+		c.deleteGangAndMembers(ctx, t, gs, ns, winner)
 		c.waitAllRunning(ctx, t, ns, "gang="+loser, 12, 3*time.Minute)
 	})
 
@@ -349,12 +343,21 @@ func (c *tesseraCluster) deleteJob(ctx context.Context, t testing.TB, ns, name s
 func (c *tesseraCluster) deleteGangAndMembers(ctx context.Context, t *testing.T, gs gangs, ns, name string) {
 	t.Helper()
 	gs.delete(ctx, t, ns, name)
-	pods := c.gangPods(ctx, t, ns, name)
-	ptrs := make([]*corev1.Pod, len(pods))
-	for i := range pods {
-		ptrs[i] = &pods[i]
+	c.deleteGangPods(ctx, t, ns, name)
+}
+
+// deleteGangPods deletes the pods of label gangs and waits until they are
+// gone.
+func (c *tesseraCluster) deleteGangPods(ctx context.Context, t *testing.T, ns string, names ...string) {
+	t.Helper()
+	var pods []*corev1.Pod
+	for _, name := range names {
+		ps := c.gangPods(ctx, t, ns, name)
+		for i := range ps {
+			pods = append(pods, &ps[i])
+		}
 	}
-	c.deletePodsAndWait(ctx, t, ptrs...)
+	c.deletePodsAndWait(ctx, t, pods...)
 }
 
 func (c *tesseraCluster) hasEvent(ctx context.Context, ns, object, reason string) bool {
