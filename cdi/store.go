@@ -91,7 +91,11 @@ func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
 }
 
 // writeFile writes data to path by way of a temporary file in the same dir:
-// write, fsync, let the CDI library read and validate it, rename, fsync dir.
+// write, let the CDI library read and validate it, rename. Nothing is
+// fsynced: the runtime reads the spec through the page cache, and a spec
+// only matters within the boot that wrote it (the CDI directory is usually
+// tmpfs; after a reboot the plugin removes the specs of the earlier boot).
+// Every prepare waits for this write, so its fsyncs were pure latency.
 func (s *Store) writeFile(path string, data []byte) (err error) {
 	tmp, err := os.CreateTemp(s.dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -109,9 +113,6 @@ func (s *Store) writeFile(path string, data []byte) (err error) {
 	if _, err := tmp.Write(data); err != nil {
 		return fmt.Errorf("write %s: %w", tmp.Name(), err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", tmp.Name(), err)
 	}
@@ -121,9 +122,6 @@ func (s *Store) writeFile(path string, data []byte) (err error) {
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
-	}
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("wrote %s but: %w", path, err)
 	}
 	return nil
 }
@@ -141,9 +139,6 @@ func (s *Store) Remove(claimUID string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("claim %s: remove CDI spec: %w", claimUID, err)
-	}
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("claim %s: removed %s but: %w", claimUID, path, err)
 	}
 	return nil
 }
@@ -194,16 +189,4 @@ func (s *Store) readSpec(path string) (ClaimSpec, error) {
 		return ClaimSpec{}, fmt.Errorf("claim UID %q does not match the file name", c.ClaimUID)
 	}
 	return c, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open dir to fsync: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir %s: %w", dir, err)
-	}
-	return nil
 }

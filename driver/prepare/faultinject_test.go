@@ -50,11 +50,15 @@ var prepareCrashes = []struct {
 	// kept: the claim survives the restart prepared (the crash came after
 	// its completed mark); otherwise the restart rolls it back.
 	kept bool
+	// wholeSpecLeft: a whole-GPU claim has no started mark on disk (it has
+	// nothing but its CDI spec to undo), so a restart finds no record of it,
+	// only, past this point, its spec, which it removes as an orphan.
+	wholeSpecLeft bool
 }{
-	{"after-prepare-started", true, false},
-	{"after-mig-create", false, false},
-	{"after-cdi-write", true, false},
-	{"after-prepare-completed", true, true},
+	{"after-prepare-started", true, false, false},
+	{"after-mig-create", false, false, false},
+	{"after-cdi-write", true, false, true},
+	{"after-prepare-completed", true, true, false},
 }
 
 var unprepareCrashes = []struct {
@@ -112,6 +116,9 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 				case !reached || tc.kept:
 					assertRestartSettledNothing(t, logs)
 					assertPrepared(t, e, m, c, k.partition)
+				case !k.partition:
+					assertRestartRemovedOnlyTheSpec(t, logs, tc.wholeSpecLeft)
+					assertUnprepared(t, e, m, c)
 				default:
 					assertRestartSettled(t, logs, rollbackLog)
 					assertUnprepared(t, e, m, c)
@@ -225,6 +232,22 @@ func assertRestartSettled(t *testing.T, logs, want string) {
 		if strings.Contains(logs, o) {
 			t.Errorf("restart found leftovers the checkpoint did not record; log:\n%s", logs)
 		}
+	}
+}
+
+// assertRestartRemovedOnlyTheSpec checks a restart after a crash of a claim
+// it has no record of: nothing to roll back, and the claim's CDI spec removed
+// if it was left.
+func assertRestartRemovedOnlyTheSpec(t *testing.T, logs string, specLeft bool) {
+	t.Helper()
+	for _, o := range []string{rollbackLog, finishLog} {
+		if strings.Contains(logs, o) {
+			t.Errorf("restart settled a claim the checkpoint should not hold; log:\n%s", logs)
+		}
+	}
+	removed := strings.Contains(logs, "Removing a CDI spec that no prepared claim owns") && strings.Contains(logs, `uid="uid-crash"`)
+	if removed != specLeft {
+		t.Errorf("restart removed the claim's orphan CDI spec: %v, want %v; log:\n%s", removed, specLeft, logs)
 	}
 }
 

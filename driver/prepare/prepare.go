@@ -58,13 +58,18 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	m.data.Claims[string(uid)] = rec
 	v := m.changed()
 	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
-		m.mu.Lock()
-		m.release(uid, want)
-		delete(m.data.Claims, string(uid))
-		m.changed()
-		m.mu.Unlock()
-		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	// The mark must be on disk before work a restart would have to undo
+	// from the checkpoint alone. A CDI spec is not such work: a restart
+	// removes specs no checkpointed claim owns.
+	if undoable(rec) {
+		if err := m.persist(v); err != nil {
+			m.mu.Lock()
+			m.release(uid, want)
+			delete(m.data.Claims, string(uid))
+			m.changed()
+			m.mu.Unlock()
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
 	}
 	failpoint(fpPrepareStarted)
 
@@ -136,6 +141,21 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	failpoint(fpUnprepareCompleted)
 	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
 	return nil
+}
+
+// undoable reports whether preparing the claim changes the node in ways only
+// its checkpoint record can undo after a crash: MIG partitions, GPU settings,
+// an MPS daemon.
+func undoable(c checkpoint.Claim) bool {
+	if c.MPS != nil {
+		return true
+	}
+	for _, d := range c.Devices {
+		if d.MIG != nil || d.Settings != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // allocatedHere returns the claim's allocation results for this driver and

@@ -5,6 +5,9 @@
 // The contract:
 //   - Every claim moves PrepareStarted -> PrepareCompleted -> UnprepareStarted
 //     -> gone, and each move is checkpointed before the work it announces.
+//     The one exception: the PrepareStarted mark of a claim whose prepare
+//     only writes a CDI spec (no MIG partition, GPU setting or MPS daemon)
+//     is not waited for, as a restart removes specs no claim owns.
 //     After a crash, PrepareStarted claims are rolled back (their CDI spec
 //     removed, their devices released) and the kubelet's retry prepares them
 //     afresh; UnprepareStarted claims are finished.

@@ -3,8 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,7 +162,8 @@ func (f *floor) run(ctx context.Context) error {
 // plugin's own concurrency, not the token bucket: with the defaults a node
 // sustains 50 prepares per second (--kube-api-qps).
 //
-// Reported: claims/s-c1, claims/s-c16 and speedup (their ratio).
+// Reported: claims/s-c1, claims/s-c16 and speedup (their ratio), and the share
+// of the machine's CPUs busy in each phase (cpu-busy-c1, cpu-busy-c16).
 func BenchmarkPrepareThroughput(b *testing.B) {
 	c := controlPlane(b)
 	ns := unique("bench-throughput")
@@ -207,16 +211,62 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 		return float64(rounds*len(claims)) / time.Since(began).Seconds()
 	}
 	run(len(claims)) // warm up: first MIG creations, connections
-	var c1, c16 float64
+	var c1, c16, busy1, busy16 float64
 	b.ResetTimer()
 	for range b.N {
+		before := readCPU(b)
 		c1 += run(1)
+		mid := readCPU(b)
 		c16 += run(len(claims))
+		busy1 += mid.busySince(before)
+		busy16 += readCPU(b).busySince(mid)
 	}
 	b.StopTimer()
 	b.ReportMetric(c1/float64(b.N), "claims/s-c1")
 	b.ReportMetric(c16/float64(b.N), "claims/s-c16")
 	b.ReportMetric(c16/c1, "speedup")
+	// The whole machine's CPUs (plugin, API server, etcd, this caller) are
+	// the other limit: near 1 at 16 callers, more callers cannot help.
+	b.ReportMetric(busy1/float64(b.N), "cpu-busy-c1")
+	b.ReportMetric(busy16/float64(b.N), "cpu-busy-c16")
+}
+
+// cpuTimes are the machine's CPU times from the first line of /proc/stat, in
+// clock ticks.
+type cpuTimes struct{ busy, total uint64 }
+
+func readCPU(b *testing.B) cpuTimes {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		b.Fatalf("unexpected /proc/stat line %q", line)
+	}
+	var t cpuTimes
+	for i, f := range fields[1:] {
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat field %d %q: %v", i, f, err)
+		}
+		t.total += v
+		// idle and iowait: a CPU waiting on the disk could do other work.
+		if i != 3 && i != 4 {
+			t.busy += v
+		}
+	}
+	return t
+}
+
+// busySince is the share of all CPUs busy between earlier and t.
+func (t cpuTimes) busySince(earlier cpuTimes) float64 {
+	if t.total == earlier.total {
+		return 0
+	}
+	return float64(t.busy-earlier.busy) / float64(t.total-earlier.total)
 }
 
 func percentile(ds []time.Duration, p int) time.Duration {
