@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/controller/domains"
 	"github.com/tessera-dev/tessera/controller/gang"
+	"github.com/tessera-dev/tessera/controller/podgroups"
 	"github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/metricsserver"
 )
@@ -130,6 +131,17 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	})
 	if err != nil {
 		return err
+	}
+	served, err := podgroups.Served(client.Discovery())
+	switch {
+	case err != nil:
+		return err
+	case served:
+		if err := podgroups.Start(ctx, dyn, factory); err != nil {
+			return err
+		}
+	default:
+		klog.FromContext(ctx).Info("The API server does not serve PodGroups; gangs are declared with Gang objects only", "api", podgroups.GroupVersion)
 	}
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())

@@ -12,13 +12,16 @@ import (
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
 
-// gangClient reads and writes gangs through the dynamic client (no
+// Client reads and writes gangs through the dynamic client (no
 // generated clientset: the types are hand-written).
-type gangClient struct {
+type Client struct {
 	dyn dynamic.Interface
 }
 
-func (c gangClient) resource(ns string) dynamic.ResourceInterface {
+// NewClient reads and writes gangs through dyn.
+func NewClient(dyn dynamic.Interface) Client { return Client{dyn: dyn} }
+
+func (c Client) resource(ns string) dynamic.ResourceInterface {
 	return c.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns)
 }
 
@@ -42,7 +45,8 @@ func toUnstructured(g *gangv1.Gang) (*unstructured.Unstructured, error) {
 	return &unstructured.Unstructured{Object: obj}, nil
 }
 
-func (c gangClient) get(ctx context.Context, ns, name string) (*gangv1.Gang, error) {
+// Get reads a gang.
+func (c Client) Get(ctx context.Context, ns, name string) (*gangv1.Gang, error) {
 	u, err := c.resource(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
@@ -50,8 +54,8 @@ func (c gangClient) get(ctx context.Context, ns, name string) (*gangv1.Gang, err
 	return FromUnstructured(u)
 }
 
-// update writes metadata and spec (annotations, finalizers).
-func (c gangClient) update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+// Update writes metadata and spec (annotations, finalizers).
+func (c Client) Update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
 	u, err := toUnstructured(g)
 	if err != nil {
 		return nil, err
@@ -63,12 +67,26 @@ func (c gangClient) update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, e
 	return FromUnstructured(out)
 }
 
-func (c gangClient) updateStatus(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+// UpdateStatus writes the status.
+func (c Client) UpdateStatus(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
 	u, err := toUnstructured(g)
 	if err != nil {
 		return nil, err
 	}
 	out, err := c.resource(g.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return FromUnstructured(out)
+}
+
+// Create writes a new gang.
+func (c Client) Create(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+	u, err := toUnstructured(g)
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.resource(g.Namespace).Create(ctx, u, metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
 	}

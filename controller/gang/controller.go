@@ -18,7 +18,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -57,9 +56,9 @@ type Controller struct {
 	synced    []cache.InformerSynced
 	broadcast record.EventBroadcaster
 
-	mu        sync.Mutex
-	selectors map[string]labels.Selector // gang key -> member selector
-	stopped   chan error
+	mu      sync.Mutex
+	members map[string]gangv1.Members // gang key -> how it picks its pods
+	stopped chan error
 }
 
 // New wires the controller to the informer factories (started by the caller
@@ -75,7 +74,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 	gangs := dynFactory.ForResource(gangv1.GroupVersionResource)
 	c := &Controller{
 		r: &reconciler{
-			client: client, gangs: gangClient{dyn: dyn}, driver: opts.Driver,
+			client: client, gangs: NewClient(dyn), driver: opts.Driver,
 			pods: pods.Lister(), claims: claims.Lister(), nodes: nodes.Lister(),
 			recorder: recorder, interrupt: opts.Interrupt, metrics: opts.Metrics,
 		},
@@ -84,7 +83,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gangs"}),
 		gangInf:   gangs.Informer(),
 		broadcast: broadcast,
-		selectors: map[string]labels.Selector{},
+		members:   map[string]gangv1.Members{},
 		stopped:   make(chan error, 1),
 	}
 	handlers := []struct {
@@ -186,9 +185,9 @@ func (c *Controller) gangChanged(obj any) {
 	}
 	key := u.GetNamespace() + "/" + u.GetName()
 	if g, err := FromUnstructured(u); err == nil {
-		if sel, err := gangv1.Validate(g); err == nil {
+		if m, err := gangv1.Validate(g); err == nil {
 			c.mu.Lock()
-			c.selectors[key] = sel
+			c.members[key] = m
 			c.mu.Unlock()
 		}
 	}
@@ -201,12 +200,12 @@ func (c *Controller) gangDeleted(obj any) {
 	}
 	if u, ok := obj.(*unstructured.Unstructured); ok {
 		c.mu.Lock()
-		delete(c.selectors, u.GetNamespace()+"/"+u.GetName())
+		delete(c.members, u.GetNamespace()+"/"+u.GetName())
 		c.mu.Unlock()
 	}
 }
 
-// podChanged enqueues the gangs whose selector picks the pod.
+// podChanged enqueues the gangs the pod is a member of.
 func (c *Controller) podChanged(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
@@ -217,8 +216,8 @@ func (c *Controller) podChanged(obj any) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for key, sel := range c.selectors {
-		if ns, _, _ := cache.SplitMetaNamespaceKey(key); ns == p.Namespace && sel.Matches(labels.Set(p.Labels)) {
+	for key, m := range c.members {
+		if ns, _, _ := cache.SplitMetaNamespaceKey(key); ns == p.Namespace && m.Matches(p) {
 			c.queue.Add(key)
 		}
 	}

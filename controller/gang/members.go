@@ -7,7 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/labels"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -47,7 +47,7 @@ type view struct {
 	// live are the members that are neither finished nor being deleted,
 	// ranked.
 	live []*member
-	// all are every pod the selector picks, finished ones included.
+	// all are every member pod, finished ones included.
 	all []*v1.Pod
 	// domainClaim is the shared claim; nil without one (or not created yet).
 	domainClaim *resourceapi.ResourceClaim
@@ -62,10 +62,10 @@ type view struct {
 type claimGetter func(namespace, name string) (*resourceapi.ResourceClaim, error)
 
 // observe collects the gang's members and claims.
-func observe(g *gangv1.Gang, sel labels.Selector, pods []*v1.Pod, getClaim claimGetter) *view {
+func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim claimGetter) *view {
 	v := &view{}
 	for _, p := range pods {
-		if !sel.Matches(labels.Set(p.Labels)) {
+		if !members.Matches(p) {
 			continue
 		}
 		v.all = append(v.all, p)
@@ -119,15 +119,25 @@ func (v *view) collectClaims(g *gangv1.Gang, m *member, getClaim claimGetter) st
 			if name == "" {
 				continue // the template needs no claim for this pod
 			}
+			if name == g.Spec.DomainClaimName {
+				// A PodGroup's claim, made from a template once for the
+				// whole group.
+				sharesDomain = true
+				continue
+			}
 		}
 		c, err := getClaim(m.pod.Namespace, name)
 		if err != nil {
 			return fmt.Sprintf("claim %s/%s of member %s: %v", m.pod.Namespace, name, m.ref(), err)
 		}
+		if !metav1.IsControlledBy(c, m.pod) {
+			v.invalid = fmt.Sprintf("member %s uses claim %s, which is not its own (another pod's, or a PodGroup claim other than the gang's domain claim): the gang controller allocates only the domain claim and per-pod claims", m.ref(), name)
+			return ""
+		}
 		m.claims = append(m.claims, c)
 	}
 	if g.Spec.DomainClaimName != "" && !sharesDomain {
-		v.invalid = fmt.Sprintf("member %s does not use the gang's domain claim %s: add it to the pod's resourceClaims (resourceClaimName: %s)", m.ref(), g.Spec.DomainClaimName, g.Spec.DomainClaimName)
+		v.invalid = fmt.Sprintf("member %s does not use the gang's domain claim %s: add it to the pod's resourceClaims (resourceClaimName: %s, or the PodGroup's claim entry)", m.ref(), g.Spec.DomainClaimName, g.Spec.DomainClaimName)
 	}
 	return ""
 }

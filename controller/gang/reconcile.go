@@ -40,7 +40,7 @@ var errInterrupted = errors.New("placement interrupted (test hook)")
 // claim and released pod, and the claims' allocations.
 type reconciler struct {
 	client    kubernetes.Interface
-	gangs     gangClient
+	gangs     Client
 	driver    string
 	pods      corelisters.PodLister
 	claims    resourcelisters.ResourceClaimLister
@@ -54,7 +54,7 @@ type reconciler struct {
 type result struct{ requeueAfter time.Duration }
 
 func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, error) {
-	g, err := r.gangs.get(ctx, ns, name)
+	g, err := r.gangs.Get(ctx, ns, name)
 	if apierrors.IsNotFound(err) {
 		return result{}, nil
 	}
@@ -63,21 +63,18 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "gang", klog.KObj(g))
 	ctx = klog.NewContext(ctx, logger)
-	sel, verr := gangv1.Validate(g)
-	if sel == nil {
-		sel = labels.Nothing()
-	}
+	members, verr := gangv1.Validate(g)
 	pods, err := r.pods.Pods(ns).List(labels.Everything())
 	if err != nil {
 		return result{}, err
 	}
-	v := observe(g, sel, pods, r.getClaim)
+	v := observe(g, members, pods, r.getClaim)
 	if g.DeletionTimestamp != nil {
 		return result{}, r.finalize(ctx, g, v)
 	}
 	if !slices.Contains(g.Finalizers, gangv1.Finalizer) {
 		g.Finalizers = append(g.Finalizers, gangv1.Finalizer)
-		if g, err = r.gangs.update(ctx, g); err != nil {
+		if g, err = r.gangs.Update(ctx, g); err != nil {
 			return result{}, fmt.Errorf("add finalizer to gang %s/%s: %w", ns, name, err)
 		}
 	}
@@ -90,10 +87,10 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 		return res, err
 	}
 	if statusChanged(old, st) {
-		fresh, gerr := r.gangs.get(ctx, ns, name)
+		fresh, gerr := r.gangs.Get(ctx, ns, name)
 		if gerr == nil {
 			fresh.Status = *st
-			_, gerr = r.gangs.updateStatus(ctx, fresh)
+			_, gerr = r.gangs.UpdateStatus(ctx, fresh)
 		}
 		if gerr != nil && err == nil {
 			err = fmt.Errorf("update status of gang %s/%s: %w", ns, name, gerr)
@@ -126,7 +123,7 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 		waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("%d of %d members exist; the gang is placed when all do", len(v.live), size))
 		return result{}, nil
 	case len(v.live) > size:
-		waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("%d pods match the selector, the gang has %d members: make the selector pick exactly the gang's pods", len(v.live), size))
+		waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("%d pods are members (by spec.selector or spec.podGroupName), the gang has %d: make them exactly the gang's pods", len(v.live), size))
 		return result{}, nil
 	case v.pending != "":
 		waiting(st, g.Generation, gangv1.ReasonClaimsPending, v.pending)
@@ -209,7 +206,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		g.Annotations = map[string]string{}
 	}
 	g.Annotations[gangv1.AnnotationCommitted] = id
-	if _, err := r.gangs.update(ctx, g); err != nil {
+	if _, err := r.gangs.Update(ctx, g); err != nil {
 		rbErr := r.clearWritten(ctx, written, id)
 		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
 	}
@@ -353,7 +350,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		return true, result{requeueAfter: time.Second}, err
 	}
 	delete(g.Annotations, gangv1.AnnotationCommitted)
-	if _, err := r.gangs.update(ctx, g); err != nil {
+	if _, err := r.gangs.Update(ctx, g); err != nil {
 		return true, result{requeueAfter: time.Second}, fmt.Errorf("forget the lost placement of gang %s/%s: %w", g.Namespace, g.Name, err)
 	}
 	klog.FromContext(ctx).Info("Gang lost a member; evicted the others", "why", msg, "evicted", len(in))
@@ -466,7 +463,7 @@ func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) erro
 	}
 	if i := slices.Index(g.Finalizers, gangv1.Finalizer); i >= 0 {
 		g.Finalizers = slices.Delete(g.Finalizers, i, i+1)
-		if _, err := r.gangs.update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
+		if _, err := r.gangs.Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("remove finalizer of gang %s/%s: %w", g.Namespace, g.Name, err)
 		}
 	}

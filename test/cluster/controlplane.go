@@ -31,7 +31,18 @@ var controllers = []string{
 	"job-controller",
 	"statefulset-controller",
 	"clusterrole-aggregation-controller",
+	// Removes the finalizer the PodGroupProtection admission plugin puts on
+	// every PodGroup once its pods are gone.
+	"podgroup-protection-controller",
 }
+
+// featureGates every component runs with: the PodGroup API, pods joining a
+// group (spec.schedulingGroup), the scheduler's gang plugin and claims shared
+// by a PodGroup. Beta in 1.37, off by default.
+const featureGates = "--feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true"
+
+// workloadFeatureGates is featureGates for a KubeletConfiguration.
+var workloadFeatureGates = map[string]bool{"GenericWorkload": true, "DRAWorkloadResourceClaims": true}
 
 func (c *Cluster) startControlPlane(ctx context.Context) error {
 	ca, err := newCertAuthority(c.pkiDir())
@@ -110,7 +121,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
-		"--runtime-config=resource.k8s.io/v1=true",
+		// PodGroups are read in v1beta1 by the scheduler and the
+		// resourceclaim controller.
+		"--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1beta1=true",
+		featureGates,
 		"--endpoint-reconciler-type=none",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--allow-privileged=true",
@@ -135,6 +149,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		// As for the controller manager below: at the default 50 qps the
 		// scheduler's binds and events alone take ~10 s for a 256-pod gang.
 		"--kube-api-qps=200", "--kube-api-burst=400",
+		featureGates,
 		"--v=2",
 	})
 	if err != nil {
@@ -153,6 +168,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		// resourceclaim controller (two writes per pod) alone takes ~30 s
 		// to give a 256-pod gang its claims.
 		"--kube-api-qps=200", "--kube-api-burst=400",
+		featureGates,
 		"--v=2",
 	})
 	if err != nil {

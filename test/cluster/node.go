@@ -192,6 +192,9 @@ func kubeletConfig(socket, clientCA string, serving *keyPair, port, healthzPort 
 		"cgroupsPerQOS":            false,
 		"enforceNodeAllocatable":   []string{},
 		"failSwapOn":               false,
+		// A PodGroup's claims are prepared for its pods only with the
+		// gates on (the kubelet checks the claim's PodGroup owner).
+		"featureGates": workloadFeatureGates,
 		"authentication": map[string]any{
 			"anonymous": map[string]any{"enabled": false},
 			"webhook":   map[string]any{"enabled": false},

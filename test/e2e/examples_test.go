@@ -31,9 +31,12 @@ const examplesDir = "../../deployments/examples"
 // pendingExamples are the example pods meant not to fit anywhere.
 var pendingExamples = map[string]bool{"too-many-gpus": true}
 
-// gangExamples need tessera-controller and GB200 trays:
-// TestGangExamplesRunOnTheLocalCluster applies them.
-const gangExamples = "gang"
+// gangExamples and podGroupExamples need tessera-controller and GB200
+// trays: TestGangExamplesRunOnTheLocalCluster applies them.
+const (
+	gangExamples     = "gang"
+	podGroupExamples = "podgroup"
+)
 
 // nicDriver stands in for a NIC's DRA driver (and its DeviceClass) in the
 // GPU-next-to-NIC example.
@@ -65,7 +68,7 @@ func TestEveryExampleRunsOnTheLocalCluster(t *testing.T) {
 
 	var files []string
 	err := filepath.WalkDir(examplesDir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() && d.Name() == gangExamples {
+		if err == nil && d.IsDir() && (d.Name() == gangExamples || d.Name() == podGroupExamples) {
 			return filepath.SkipDir
 		}
 		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".yaml") {

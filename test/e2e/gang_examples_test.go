@@ -9,8 +9,10 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/domain"
@@ -24,7 +26,9 @@ const rackLabel = "topology.kubernetes.io/rack"
 // H100s (rack-2), with tessera-controller grouping nodes by rack too. The
 // NVLink Job (two workers of a whole tray each) can only start on the
 // trays, with an IMEX channel; the rack Job (two workers of eight GPUs) only
-// in rack-2. Both start whole, each worker with its rank.
+// in rack-2. Both start whole, each worker with its rank. Then the NVLink Job
+// runs again, declared with the PodGroup API (deployments/examples/podgroup),
+// and its gang and group claim go with the PodGroup.
 func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	const clique = "5d1c9a40-77e2-4c61-8f0e-2b9d3a6c4e10.7"
 	c := startTessera(t,
@@ -65,17 +69,18 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	}
 
 	gs := newGangs(t, c.Cluster)
-	for _, want := range []struct {
+	type example struct {
 		job, domainClaim, pool, domainEnv string
 		nodes                             []string
-	}{
-		{"train", "train-domain", nvlinkPool, clique, []string{"tray-1", "tray-2"}},
-		{"rack-train", "rack-train-domain", rack2, "rack-2", []string{"dgx-1", "dgx-2"}},
-	} {
+	}
+	check := func(want example) *gangv1.Gang {
 		pods := c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"="+want.job, 2, 3*time.Minute)
 		g := gs.waitCondition(ctx, t, metav1.NamespaceDefault, want.job, gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
 		if !slices.Equal(g.Status.Nodes, want.nodes) {
 			t.Errorf("gang %s placed on %v, want %v", want.job, g.Status.Nodes, want.nodes)
+		}
+		if want.domainClaim == "" {
+			want.domainClaim = g.Spec.DomainClaimName
 		}
 		dc := getClaim(ctx, t, c, metav1.NamespaceDefault, want.domainClaim)
 		if r := dc.Status.Allocation.Devices.Results; len(r) != 1 || r[0].Pool != want.pool {
@@ -109,8 +114,44 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 			t.Errorf("gang %s: ranks %v, want two distinct", want.job, ranks)
 		}
 		t.Logf("example gang %s runs on %v in %s", want.job, g.Status.Nodes, g.Status.Domain)
+		return g
 	}
+	check(example{"train", "train-domain", nvlinkPool, clique, []string{"tray-1", "tray-2"}})
+	check(example{"rack-train", "rack-train-domain", rack2, "rack-2", []string{"dgx-1", "dgx-2"}})
 	if running := ctl.counter(t, `tessera_gangs{state="Running"}`); running != 2 {
 		t.Errorf("controller metrics: %v gangs running, want 2", running)
+	}
+
+	// The same NVLink Job declared with the PodGroup API, once the trays
+	// are free again.
+	gs.delete(ctx, t, metav1.NamespaceDefault, "train")
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "train")
+	applyFile(ctx, t, c, filepath.Join(examplesDir, podGroupExamples, "training-job.yaml"))
+	pgs := c.Client().SchedulingV1beta1().PodGroups(metav1.NamespaceDefault)
+	pg, err := pgs.Get(ctx, "pg-train", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := check(example{job: "pg-train", pool: nvlinkPool, domainEnv: clique, nodes: []string{"tray-1", "tray-2"}})
+	if !metav1.IsControlledBy(g, pg) || g.Spec.PodGroupName != "pg-train" || g.Spec.Size != 2 {
+		t.Errorf("gang of the PodGroup: owners %+v, spec %+v; want owned by PodGroup pg-train, its 2 pods", g.OwnerReferences, g.Spec)
+	}
+	// The group's claim: made once from the template for the PodGroup,
+	// reserved for both pods (so that any kubelet prepares it).
+	dc := getClaim(ctx, t, c, metav1.NamespaceDefault, g.Spec.DomainClaimName)
+	if !metav1.IsControlledBy(dc, pg) || len(dc.Status.ReservedFor) != 2 {
+		t.Errorf("domain claim %s: owners %+v, reserved for %+v; want the PodGroup's, reserved for its 2 pods", dc.Name, dc.OwnerReferences, dc.Status.ReservedFor)
+	}
+	// The PodGroup's Job and then the PodGroup go; the garbage collector
+	// takes the gang and the group claim with it, and the devices are free.
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "pg-train")
+	noErr(t, pgs.Delete(ctx, "pg-train", metav1.DeleteOptions{}))
+	err = wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, gerr := gs.dyn.Resource(gangv1.GroupVersionResource).Namespace(metav1.NamespaceDefault).Get(ctx, "pg-train", metav1.GetOptions{})
+		_, cerr := c.Client().ResourceV1().ResourceClaims(metav1.NamespaceDefault).Get(ctx, dc.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(gerr) && apierrors.IsNotFound(cerr), nil
+	})
+	if err != nil {
+		t.Errorf("gang and group claim of the deleted PodGroup not gone: %v", err)
 	}
 }

@@ -50,6 +50,15 @@ const (
 // Finalizer keeps a gang until an uncommitted placement of it is rolled back.
 const Finalizer = Group + "/rollback"
 
+// DomainClass is the DeviceClass of domain claims: one claim of it, shared
+// by every member, confines a gang to one domain.
+const DomainClass = "domain.gpu.tessera.dev"
+
+// AnnotationManaged, set to "true" on a PodGroup with a gang policy, has the
+// controller place it although none of its claims is a domain claim (a gang
+// confined to one domain, without a channel).
+const AnnotationManaged = Group + "/managed"
+
 // Environment the kubelet plugin gives each container of a member.
 const (
 	EnvGang     = "TESSERA_GANG"
@@ -78,8 +87,13 @@ type GangSpec struct {
 	// exist and fit.
 	Size int32 `json:"size"`
 	// Selector picks the members among the namespace's pods (e.g. the
-	// job-name label of an indexed Job, or a label of your own).
-	Selector metav1.LabelSelector `json:"selector"`
+	// job-name label of an indexed Job, or a label of your own). Exactly
+	// one of Selector and PodGroupName is set.
+	Selector metav1.LabelSelector `json:"selector,omitempty"`
+	// PodGroupName makes the members the pods of this PodGroup
+	// (scheduling.k8s.io; the pods' spec.schedulingGroup.podGroupName). The
+	// controller writes such gangs itself, one per PodGroup it places.
+	PodGroupName string `json:"podGroupName,omitempty"`
 	// DomainClaimName names the ResourceClaim (class domain.gpu.tessera.dev)
 	// every member shares; the controller allocates it to a domain device,
 	// which confines the gang to that domain and gives each container the

@@ -1,0 +1,75 @@
+package gang
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+)
+
+// podGroupMember is a pod of PodGroup "train" whose claim "domain" resolved
+// to the group's claim and whose claim "gpus" to gpusClaim.
+func podGroupMember(name, gpusClaim string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-" + name)},
+		Spec: v1.PodSpec{
+			SchedulingGroup: &v1.PodSchedulingGroup{PodGroupName: ptr.To("train")},
+			ResourceClaims: []v1.PodResourceClaim{
+				{Name: "gpus", ResourceClaimTemplateName: ptr.To("gpus")},
+				{Name: "domain", ResourceClaimTemplateName: ptr.To("domain")},
+			},
+		},
+		Status: v1.PodStatus{ResourceClaimStatuses: []v1.PodResourceClaimStatus{
+			{Name: "gpus", ResourceClaimName: ptr.To(gpusClaim)},
+			{Name: "domain", ResourceClaimName: ptr.To("train-domain-abcde")},
+		}},
+	}
+}
+
+func TestAPodGroupsClaimIsTheGangsSharedDomainClaim(t *testing.T) {
+	a, b := podGroupMember("a", "a-gpus"), podGroupMember("b", "b-gpus")
+	other := podGroupMember("c", "c-gpus")
+	other.Spec.SchedulingGroup.PodGroupName = ptr.To("eval")
+	claims := map[string]*resourceapi.ResourceClaim{"train-domain-abcde": {ObjectMeta: metav1.ObjectMeta{Name: "train-domain-abcde"}}}
+	for _, p := range []*v1.Pod{a, b, other} {
+		name := *p.Status.ResourceClaimStatuses[0].ResourceClaimName
+		claims[name] = &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, Controller: ptr.To(true),
+		}}}}
+	}
+	get := func(_, name string) (*resourceapi.ResourceClaim, error) {
+		if c := claims[name]; c != nil {
+			return c, nil
+		}
+		return nil, fmt.Errorf("no claim %s", name)
+	}
+	g := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"}, Spec: gangv1.GangSpec{Size: 2, PodGroupName: "train", DomainClaimName: "train-domain-abcde"}}
+	members, err := gangv1.Validate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := observe(g, members, []*v1.Pod{a, other, b}, get)
+	if v.invalid != "" || v.pending != "" || v.domainClaim == nil || len(v.live) != 2 {
+		t.Fatalf("view: invalid %q, pending %q, domain claim %v, %d live; want both members of train, nothing wrong", v.invalid, v.pending, v.domainClaim, len(v.live))
+	}
+	for _, m := range v.live {
+		if len(m.claims) != 1 || m.claims[0].Name != m.pod.Name+"-gpus" {
+			t.Errorf("member %s: own claims %v, want only %s-gpus (the group's claim is the domain claim)", m.pod.Name, m.claims, m.pod.Name)
+		}
+	}
+
+	// A member using a claim that is not its own (here b's) cannot be placed:
+	// the controller would allocate one claim for two pods.
+	a.Status.ResourceClaimStatuses[0].ResourceClaimName = ptr.To("b-gpus")
+	v = observe(g, members, []*v1.Pod{a, b}, get)
+	if !strings.Contains(v.invalid, "ml/a uses claim b-gpus, which is not its own") {
+		t.Errorf("invalid %q, want member a's foreign claim named", v.invalid)
+	}
+}
