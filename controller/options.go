@@ -21,6 +21,10 @@ type Options struct {
 	// Channels is how many channel devices each domain offers: how many
 	// gangs with a domain claim can share one domain at once.
 	Channels int
+	// UnschedulableGrace is how long a released member may stay
+	// unschedulable on the node it was placed on before the gang is rolled
+	// back and placed again.
+	UnschedulableGrace time.Duration
 
 	// MetricsAddress serves /metrics and /healthz; empty serves nothing.
 	MetricsAddress string
@@ -46,6 +50,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "Burst of queries to the API server.")
 	fs.StringVar(&o.TopologyKey, "topology-key", "", "Node label whose values are gang domains (e.g. a rack label such as topology.kubernetes.io/rack), besides the NVLink cliques; empty for cliques only.")
 	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
+	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile) before the gang is evicted and placed again.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
 	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
@@ -59,6 +64,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Validate() error {
 	if o.Channels < 1 {
 		return fmt.Errorf("--domain-channels %d: want at least 1", o.Channels)
+	}
+	if o.UnschedulableGrace <= 0 {
+		return fmt.Errorf("--unschedulable-grace %v: want a positive duration", o.UnschedulableGrace)
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")

@@ -56,37 +56,33 @@ func (c Client) Get(ctx context.Context, ns, name string) (*gangv1.Gang, error) 
 
 // Update writes metadata and spec (annotations, finalizers).
 func (c Client) Update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
-	u, err := toUnstructured(g)
-	if err != nil {
-		return nil, err
-	}
-	out, err := c.resource(g.Namespace).Update(ctx, u, metav1.UpdateOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return FromUnstructured(out)
+	return c.write(g, func(r dynamic.ResourceInterface, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return r.Update(ctx, u, metav1.UpdateOptions{})
+	})
 }
 
 // UpdateStatus writes the status.
 func (c Client) UpdateStatus(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
-	u, err := toUnstructured(g)
-	if err != nil {
-		return nil, err
-	}
-	out, err := c.resource(g.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return FromUnstructured(out)
+	return c.write(g, func(r dynamic.ResourceInterface, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return r.UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	})
 }
 
 // Create writes a new gang.
 func (c Client) Create(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
+	return c.write(g, func(r dynamic.ResourceInterface, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return r.Create(ctx, u, metav1.CreateOptions{})
+	})
+}
+
+// write sends the gang with one of the dynamic client's writes and decodes
+// what the API server returned.
+func (c Client) write(g *gangv1.Gang, send func(dynamic.ResourceInterface, *unstructured.Unstructured) (*unstructured.Unstructured, error)) (*gangv1.Gang, error) {
 	u, err := toUnstructured(g)
 	if err != nil {
 		return nil, err
 	}
-	out, err := c.resource(g.Namespace).Create(ctx, u, metav1.CreateOptions{})
+	out, err := send(c.resource(g.Namespace), u)
 	if err != nil {
 		return nil, err
 	}

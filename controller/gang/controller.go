@@ -10,6 +10,7 @@
 package gang
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -41,6 +42,10 @@ type Options struct {
 	Resync time.Duration
 	// Metrics, if set, counts placements.
 	Metrics *Metrics
+	// UnschedulableGrace is how long a released member may stay
+	// unschedulable on its node before the gang is placed again; zero is
+	// a minute.
+	UnschedulableGrace time.Duration
 	// Interrupt, for tests only, is asked at each Step*; returning true
 	// stops the placement there without rollback, as a crash would, and
 	// stops the controller.
@@ -77,6 +82,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			client: client, gangs: NewClient(dyn), driver: opts.Driver,
 			pods: pods.Lister(), claims: claims.Lister(), nodes: nodes.Lister(),
 			recorder: recorder, interrupt: opts.Interrupt, metrics: opts.Metrics,
+			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),

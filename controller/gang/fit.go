@@ -104,7 +104,7 @@ func candidates(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Nod
 // scheduler's allocator over the snapshot (every allocated claim but the
 // gang's own counts as taken). It returns nil and every domain's verdict,
 // closest first, when none fits.
-func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, v *view) (*plan, []verdict, error) {
+func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view) (*plan, []verdict, error) {
 	own := map[types.UID]bool{}
 	if v.domainClaim != nil {
 		own[v.domainClaim.UID] = true
@@ -131,7 +131,7 @@ func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes m
 			sub.Slices = append(sub.Slices, nodeSlices[n]...)
 		}
 		cluster := sub.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return own[c.UID] })
-		p, vd, err := fitDomain(ctx, cluster, cand, nodes, v)
+		p, vd, err := fitDomain(ctx, cluster, cand, nodes, room.of(cand.nodes), v)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -147,10 +147,11 @@ func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes m
 
 // fitDomain places the domain claim and then each member, in rank order, on
 // the first node of the domain (in name order, resuming where the previous
-// member went) that the allocator accepts; it packs members onto as few
-// nodes as it can. A node found full for one shape of claims is not tried
-// again for that shape, so the search is linear in members plus nodes.
-func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, v *view) (*plan, verdict, error) {
+// member went) that has room for the pod and whose devices the allocator
+// accepts; it packs members onto as few nodes as it can. A node found full
+// for one shape of claims is not tried again for that shape, so the search
+// is linear in members plus nodes.
+func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, room capacity, v *view) (*plan, verdict, error) {
 	vd := verdict{pool: cand.pool}
 	var usable []*v1.Node
 	for _, name := range cand.nodes {
@@ -188,9 +189,16 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			continue
 		}
 		placed := false
+		short := ""
 		for k := range usable {
 			n := usable[(cursor+k)%len(usable)]
 			if full[shape][n.Name] || !podFits(m.pod, n) {
+				continue
+			}
+			if lacks := room.fits(n.Name, m.pod); lacks != "" {
+				if short == "" {
+					short = fmt.Sprintf("; node %s lacks %s for it", n.Name, lacks)
+				}
 				continue
 			}
 			res, err := cluster.AllocateOnNode(ctx, n, m.claims...)
@@ -202,6 +210,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 				continue
 			}
 			cluster.Commit(res...)
+			room.take(n.Name, m.pod)
 			p.nodes = append(p.nodes, n.Name)
 			p.allocs = append(p.allocs, res)
 			cursor = (cursor + k) % len(usable)
@@ -210,7 +219,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		}
 		if !placed {
 			vd.placed = len(p.nodes)
-			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (rank %d), whose claims need %s", len(p.nodes), len(v.live), m.ref(), m.rank, describeClaims(m.claims))
+			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (rank %d), whose claims need %s%s", len(p.nodes), len(v.live), m.ref(), m.rank, describeClaims(m.claims), short)
 			return nil, vd, nil
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
@@ -36,7 +37,12 @@ func trays(t *testing.T, cliques map[string]uint32) (*simulate.Snapshot, map[str
 		p := fixtures.Profile(t, "gb200-nvl72-tray")
 		p.Fabric = &fakenode.Fabric{ClusterUUID: p.Fabric.ClusterUUID, CliqueID: clique}
 		snap.Slices = append(snap.Slices, fixtures.Slices(t, p, name, inventory.Options{})...)
-		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+		n := &v1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+			Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+				v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("72"), v1.ResourceMemory: resource.MustParse("480Gi"),
+			}},
+		}
 		nodes[name] = n
 		nodeList = append(nodeList, n)
 	}
@@ -91,7 +97,7 @@ func TestSearchChoosesTheSmallestDomainThatFitsTheWholeGang(t *testing.T) {
 		{5, 1, poolOf(2)}, // only the three-tray clique
 		{3, 4, poolOf(2)},
 	} {
-		p, verdicts, err := search(ctx, snap, driver, nodes, gangOf(tc.members, tc.gpus))
+		p, verdicts, err := search(ctx, snap, driver, nodes, newCapacity(nodes, nil), gangOf(tc.members, tc.gpus))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +114,7 @@ func TestSearchChoosesTheSmallestDomainThatFitsTheWholeGang(t *testing.T) {
 func TestSearchSaysWhatTheClosestDomainLacks(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2, "b2": 2, "b3": 2})
-	p, verdicts, err := search(ctx, snap, driver, nodes, gangOf(16, 1))
+	p, verdicts, err := search(ctx, snap, driver, nodes, newCapacity(nodes, nil), gangOf(16, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +139,7 @@ func TestSearchCountsEveryAllocatedClaim(t *testing.T) {
 	}
 	other.Status.Allocation = &res[0]
 	snap.Claims = append(snap.Claims, other)
-	p, _, err := search(ctx, snap, driver, nodes, gangOf(4, 1))
+	p, _, err := search(ctx, snap, driver, nodes, newCapacity(nodes, nil), gangOf(4, 1))
 	if err != nil || p == nil {
 		t.Fatalf("no fit: %v", err)
 	}
@@ -147,5 +153,53 @@ func TestSearchCountsEveryAllocatedClaim(t *testing.T) {
 				t.Errorf("member %d got %s/%s, which the other claim holds", i, r.Pool, r.Device)
 			}
 		}
+	}
+}
+
+// withCPU gives every member a container requesting cpu.
+func withCPU(v *view, cpu string) *view {
+	for _, m := range v.live {
+		m.pod.Spec.Containers = []v1.Container{{Name: "w", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu)}}}}
+	}
+	return v
+}
+
+func TestSearchLeavesOutNodesWithoutRoomForTheMembersPods(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2, "b2": 2, "b3": 2})
+	// a1 has the GPUs for four one-GPU members of 30 CPUs each, but 72
+	// CPUs: only two fit there, so the gang goes to the larger clique.
+	p, _, err := search(ctx, snap, driver, nodes, newCapacity(nodes, nil), withCPU(gangOf(4, 1), "30"))
+	if err != nil || p == nil {
+		t.Fatalf("no fit: %v", err)
+	}
+	if p.pool != poolOf(2) {
+		t.Errorf("placed in %s on %v, want %s: a1 has CPUs for two members only", p.pool, p.nodes, poolOf(2))
+	}
+	perNode := map[string]int{}
+	for _, n := range p.nodes {
+		perNode[n]++
+	}
+	for n, k := range perNode {
+		if k > 2 {
+			t.Errorf("%d members of 30 CPUs on %s, which has 72", k, n)
+		}
+	}
+
+	// Pods already running on the trays count too: with 50 CPUs taken on
+	// every tray, no domain has room, and the message says what is short.
+	var running []*v1.Pod
+	for name := range nodes {
+		running = append(running, &v1.Pod{Spec: v1.PodSpec{NodeName: name, Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("50")}}}}}})
+	}
+	p, verdicts, err := search(ctx, snap, driver, nodes, newCapacity(nodes, running), withCPU(gangOf(4, 1), "30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != nil {
+		t.Fatalf("placed on %v, though every tray has 22 CPUs free for members of 30", p.nodes)
+	}
+	if msg := noFitMessage(4, verdicts); !strings.Contains(msg, "lacks cpu (requests 30, 22 free)") {
+		t.Errorf("message %q, want the CPU shortage named", msg)
 	}
 }

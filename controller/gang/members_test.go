@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -71,5 +72,32 @@ func TestAPodGroupsClaimIsTheGangsSharedDomainClaim(t *testing.T) {
 	v = observe(g, members, []*v1.Pod{a, b}, get)
 	if !strings.Contains(v.invalid, "ml/a uses claim b-gpus, which is not its own") {
 		t.Errorf("invalid %q, want member a's foreign claim named", v.invalid)
+	}
+}
+
+func TestAReleasedMemberUnschedulablePastTheGraceIsLost(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	r := &reconciler{unschedulableGrace: time.Minute}
+	pending := func(name string, since time.Duration, reason string) *member {
+		return &member{pod: &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: v1.PodStatus{Conditions: []v1.PodCondition{{
+				Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: reason,
+				Message: "0/5 nodes are available: 1 Insufficient cpu", LastTransitionTime: metav1.NewTime(now.Add(-since)),
+			}}},
+		}}
+	}
+	bound := pending("bound", time.Hour, v1.PodReasonUnschedulable)
+	bound.pod.Spec.NodeName = "tray-a1"
+	gated := pending("gated", time.Hour, v1.PodReasonUnschedulable)
+	gated.pod.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}}
+
+	lost, recheck := r.stuck([]*member{bound, gated, pending("recent", 20*time.Second, v1.PodReasonUnschedulable), pending("other", time.Hour, "SchedulerError")}, now)
+	if len(lost) != 0 || recheck != 40*time.Second {
+		t.Errorf("lost %v, recheck in %v; want none lost yet, a look again in 40s", lost, recheck)
+	}
+	lost, _ = r.stuck([]*member{pending("old", 61*time.Second, v1.PodReasonUnschedulable)}, now)
+	if len(lost) != 1 || !strings.Contains(lost[0], "member old cannot be scheduled on the node it was placed on: 0/5 nodes are available: 1 Insufficient cpu") {
+		t.Errorf("lost %v, want member old named with the scheduler's reason", lost)
 	}
 }

@@ -48,6 +48,8 @@ type reconciler struct {
 	recorder  record.EventRecorder
 	interrupt func(step string) bool
 	metrics   *Metrics
+	// unschedulableGrace: see Options.UnschedulableGrace.
+	unschedulableGrace time.Duration
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -155,7 +157,11 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	for _, n := range nodeList {
 		nodes[n.Name] = n
 	}
-	p, verdicts, err := search(ctx, snap, r.driver, nodes, v)
+	pods, err := r.pods.List(labels.Everything())
+	if err != nil {
+		return result{}, err
+	}
+	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {
 		return result{}, err
 	}
@@ -287,6 +293,10 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	if survivors < int(g.Spec.Size) && len(lost) == 0 {
 		lost = append(lost, fmt.Sprintf("%d of %d members of the placement are gone (deleted, or their node left)", int(g.Spec.Size)-survivors, g.Spec.Size))
 	}
+	var recheck time.Duration
+	if len(lost) == 0 {
+		lost, recheck = r.stuck(in, time.Now())
+	}
 	if len(lost) == 0 {
 		// Resume releasing members a crash left gated.
 		var gated []*member
@@ -321,7 +331,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		} else {
 			setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonNotRunning, fmt.Sprintf("%d of %d live members run", running, len(in)))
 		}
-		return true, result{}, nil
+		return true, result{requeueAfter: recheck}, nil
 	}
 	// A member was lost: the gang cannot go on half. Evict the rest, free
 	// the gated members' claims, and place the gang afresh once its
@@ -355,6 +365,31 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	}
 	klog.FromContext(ctx).Info("Gang lost a member; evicted the others", "why", msg, "evicted", len(in))
 	return true, result{requeueAfter: time.Second}, nil
+}
+
+// stuck names the released members the scheduler has found unschedulable
+// (on the node they are pinned to: another pod took its room after the
+// placement) for longer than the grace period; such a gang holds its devices
+// without running, so it is handled as one that lost a member. recheck is
+// when a member unschedulable for less than that is to be looked at again.
+func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck time.Duration) {
+	for _, m := range in {
+		if m.gated() || m.pod.Spec.NodeName != "" {
+			continue
+		}
+		for _, c := range m.pod.Status.Conditions {
+			if c.Type != v1.PodScheduled || c.Status != v1.ConditionFalse || c.Reason != v1.PodReasonUnschedulable {
+				continue
+			}
+			left := r.unschedulableGrace - now.Sub(c.LastTransitionTime.Time)
+			if left <= 0 {
+				lost = append(lost, fmt.Sprintf("member %s cannot be scheduled on the node it was placed on: %s", m.pod.Name, c.Message))
+			} else if recheck == 0 || left < recheck {
+				recheck = left
+			}
+		}
+	}
+	return lost, recheck
 }
 
 // claimsOf says whether every claim of a gated member is allocated for

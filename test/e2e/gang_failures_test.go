@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -237,6 +238,99 @@ func (e gangEnv) memberFails(ctx context.Context, t *testing.T) {
 	})
 	e.gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
 	t.Logf("member %s failed: placement %s replaced by %s", victim.Name, first, second)
+}
+
+// memberUnschedulable: between the placement and the release of the gates,
+// another pod takes the CPU of the node the members were placed on, so the
+// scheduler cannot bind them there. After the grace period the controller
+// evicts them (they hold devices without running), the Job recreates them,
+// and the gang is placed again on a node with room.
+func (e gangEnv) memberUnschedulable(ctx context.Context, t *testing.T) {
+	const ns = "stuck"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	var hogged atomic.Value
+	hog := func() error {
+		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, mc := range list.Items {
+			if mc.Annotations[gangv1.AnnotationRank] != "0" || mc.Status.Allocation == nil || mc.Status.Allocation.NodeSelector == nil {
+				continue
+			}
+			node := mc.Status.Allocation.NodeSelector.NodeSelectorTerms[0].MatchFields[0].Values[0]
+			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cpu := n.Status.Allocatable[corev1.ResourceCPU]
+			cpu.Sub(resource.MustParse("100m"))
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "hog", Namespace: ns},
+				Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{
+					Name: "hog", Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: cpu}},
+				}}},
+			}
+			if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			hogged.Store(node)
+			return nil
+		}
+		return fmt.Errorf("no claim of rank 0 written")
+	}
+	var done atomic.Bool
+	var hogErr atomic.Value
+	e.restartController(t, func(step string) bool {
+		if step == gang.StepRelease && !done.Swap(true) {
+			if err := hog(); err != nil {
+				hogErr.Store(err)
+			}
+		}
+		return false
+	})
+	job := indexedJob(ns, "train", 4, "one-gpu", "g-domain")
+	for i := range job.Spec.Template.Spec.Containers {
+		job.Spec.Template.Spec.Containers[i].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m")}
+	}
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+
+	pods := e.c.waitAllRunning(ctx, t, ns, jobName+"=train", 4, 3*time.Minute)
+	if err, _ := hogErr.Load().(error); err != nil {
+		t.Fatalf("filling the node: %v", err)
+	}
+	node, _ := hogged.Load().(string)
+	if node == "" {
+		t.Fatal("the hook never ran at the release step")
+	}
+	for _, p := range pods {
+		if p.Spec.NodeName == node {
+			t.Errorf("member %s runs on %s, whose CPU the hog holds", p.Name, node)
+		}
+	}
+	if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) || !strings.Contains(e.c.events(ctx, ns), "cannot be scheduled on the node it was placed on") {
+		t.Errorf("no %s event naming the unschedulable member; events:\n%s", gangv1.ReasonMemberLost, e.c.events(ctx, ns))
+	}
+	e.gs.waitCondition(ctx, t, ns, "train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	t.Logf("%s filled up after the placement; the gang now runs on %v", node, nodesOf(pods))
+	e.c.deletePodsAndWait(ctx, t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hog", Namespace: ns}})
+	e.restartController(t, nil)
+}
+
+func nodesOf(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Spec.NodeName)
+	}
+	return out
 }
 
 // gangDeleted: deleting a running gang leaves its members running; deleting

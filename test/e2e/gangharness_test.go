@@ -86,6 +86,10 @@ func startController(t testing.TB, kubeconfig, topologyKey string, interrupt fun
 		LeaderElect: true, LeaseNamespace: rbac.Namespace, LeaseName: "tessera-controller",
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
 		Interrupt: interrupt,
+		// Long enough for the scheduler's retries of a member whose claims
+		// it has not seen allocated yet; short for the test of a member
+		// that cannot be scheduled.
+		UnschedulableGrace: 15 * time.Second,
 	}
 	// A free port for /metrics, as the chart gives it one.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,0 +1,79 @@
+package gang
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	resourcehelper "k8s.io/component-helpers/resource"
+)
+
+// capacity is what each node has left for pods: its allocatable resources
+// less the requests of the pods bound to it, and its pod slots, counted as
+// the scheduler's NodeResourcesFit counts them. A member the controller pins
+// to a node without room would stay Pending while holding its devices.
+type capacity map[string]v1.ResourceList
+
+// newCapacity counts the nodes' room. Pods released but not bound yet are
+// not counted: the scheduler's own race, as between two schedulers.
+func newCapacity(nodes map[string]*v1.Node, pods []*v1.Pod) capacity {
+	c := capacity{}
+	for name, n := range nodes {
+		c[name] = n.Status.Allocatable.DeepCopy()
+		if c[name] == nil {
+			c[name] = v1.ResourceList{}
+		}
+	}
+	for _, p := range pods {
+		if p.Spec.NodeName == "" || finished(p) || c[p.Spec.NodeName] == nil {
+			continue
+		}
+		c.take(p.Spec.NodeName, p)
+	}
+	return c
+}
+
+// of copies the room of the named nodes, for one tentative placement.
+func (c capacity) of(nodes []string) capacity {
+	out := capacity{}
+	for _, n := range nodes {
+		if free, ok := c[n]; ok {
+			out[n] = free.DeepCopy()
+		}
+	}
+	return out
+}
+
+// fits says what, if anything, the node lacks for the pod.
+func (c capacity) fits(node string, p *v1.Pod) string {
+	free := c[node]
+	if pods := free[v1.ResourcePods]; pods.Value() < 1 {
+		return "pod slots"
+	}
+	var short []string
+	for name, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{}) {
+		if q.IsZero() {
+			continue
+		}
+		if have, ok := free[name]; !ok || have.Cmp(q) < 0 {
+			short = append(short, fmt.Sprintf("%s (requests %s, %s free)", name, q.String(), have.String()))
+		}
+	}
+	sort.Strings(short)
+	return strings.Join(short, ", ")
+}
+
+// take counts the pod against the node.
+func (c capacity) take(node string, p *v1.Pod) {
+	free := c[node]
+	for name, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{}) {
+		have := free[name]
+		have.Sub(q)
+		free[name] = have
+	}
+	pods := free[v1.ResourcePods]
+	pods.Sub(*resource.NewQuantity(1, resource.DecimalSI))
+	free[v1.ResourcePods] = pods
+}
