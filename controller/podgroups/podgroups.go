@@ -132,26 +132,36 @@ func (a *adopter) work(ctx context.Context) bool {
 		return false
 	}
 	defer a.queue.Done(key)
-	if err := a.sync(ctx, key); err != nil {
+	again, err := a.sync(ctx, key)
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "Keeping the gang of a PodGroup failed; retrying", "podGroup", key)
 		a.queue.AddRateLimited(key)
 		return true
 	}
 	a.queue.Forget(key)
+	if again > 0 {
+		a.queue.AddAfter(key, again)
+	}
 	return true
 }
 
-func (a *adopter) sync(ctx context.Context, key string) error {
+// replacedOwnerWait is how often a PodGroup whose name a Gang of an earlier
+// PodGroup of that name still holds looks again: the garbage collector
+// removes that Gang shortly.
+const replacedOwnerWait = 5 * time.Second
+
+// sync keeps the PodGroup's Gang; again, when set, is when to look again.
+func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil
+		return 0, nil
 	}
 	pg, err := a.groups.PodGroups(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil // its gang goes with it (owner reference)
+		return 0, nil // its gang goes with it (owner reference)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	want, why := Desired(pg, func(ns, name string) (*resourceapi.ResourceClaim, error) {
 		return a.claims.ResourceClaims(ns).Get(name)
@@ -161,30 +171,34 @@ func (a *adopter) sync(ctx context.Context, key string) error {
 		if why != "" {
 			logger.V(2).Info("PodGroup not placed as a gang yet", "reason", why)
 		}
-		return nil
+		return 0, nil
 	}
 	have, err := a.gangs.Get(ctx, ns, name)
 	switch {
 	case apierrors.IsNotFound(err):
 		if _, err := a.gangs.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create gang for PodGroup %s: %w", key, err)
+			return 0, fmt.Errorf("create gang for PodGroup %s: %w", key, err)
 		}
 		logger.Info("Placing the PodGroup as a gang", "size", want.Spec.Size, "domainClaim", want.Spec.DomainClaimName)
-		return nil
+		return 0, nil
 	case err != nil:
-		return err
+		return 0, err
 	case !metav1.IsControlledBy(have, pg):
+		if o := metav1.GetControllerOf(have); o != nil && o.Kind == "PodGroup" && o.Name == pg.Name {
+			logger.V(2).Info("The Gang of an earlier PodGroup of this name is still there; waiting for the garbage collector")
+			return replacedOwnerWait, nil
+		}
 		logger.Error(errors.New("name taken"), "A Gang of the PodGroup's name exists that the PodGroup does not own; rename one of them to have the PodGroup placed")
-		return nil
+		return 0, nil
 	case apiequality.Semantic.DeepEqual(have.Spec, want.Spec):
-		return nil
+		return 0, nil
 	}
 	// minCount may change (scaling); the gang follows.
 	have.Spec = want.Spec
 	if _, err := a.gangs.Update(ctx, have); err != nil {
-		return fmt.Errorf("update gang of PodGroup %s: %w", key, err)
+		return 0, fmt.Errorf("update gang of PodGroup %s: %w", key, err)
 	}
-	return nil
+	return 0, nil
 }
 
 // Desired is the Gang the PodGroup declares, or nil with why not (empty when

@@ -1,0 +1,101 @@
+package podgroups
+
+import (
+	"testing"
+
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2/ktesting"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/controller/gang"
+)
+
+// testAdopter has one managed PodGroup ml/train (annotated, of the given UID
+// and minCount) in its lister and no claims.
+func testAdopter(t *testing.T, uid types.UID, minCount int32) (*adopter, *schedulingv1beta1.PodGroup) {
+	t.Helper()
+	pg := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml", UID: uid, Annotations: map[string]string{gangv1.AnnotationManaged: "true"}},
+		Spec:       schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: minCount}}},
+	}
+	groups := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	if err := groups.Add(pg); err != nil {
+		t.Fatal(err)
+	}
+	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gangv1.GroupVersionResource: "GangList"})
+	return &adopter{
+		gangs:  gang.NewClient(dyn),
+		groups: schedulinglisters.NewPodGroupLister(groups),
+		claims: resourcelisters.NewResourceClaimLister(claims),
+	}, pg
+}
+
+func TestAPodGroupsGangIsCreatedFollowedAndNeverTaken(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	a, pg := testAdopter(t, "pg-1", 2)
+	if again, err := a.sync(ctx, "ml/train"); err != nil || again != 0 {
+		t.Fatalf("first sync: again %v, %v", again, err)
+	}
+	g, err := a.gangs.Get(ctx, "ml", "train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Spec.Size != 2 || g.Spec.PodGroupName != "train" || !metav1.IsControlledBy(g, pg) {
+		t.Fatalf("gang %+v owned by %+v, want 2 members of PodGroup train, owned by it", g.Spec, g.OwnerReferences)
+	}
+
+	// minCount changes: the gang follows.
+	a2, _ := testAdopter(t, "pg-1", 3)
+	a2.gangs = a.gangs
+	if _, err := a2.sync(ctx, "ml/train"); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := a.gangs.Get(ctx, "ml", "train"); g.Spec.Size != 3 {
+		t.Errorf("gang size %d after minCount 3", g.Spec.Size)
+	}
+
+	// The PodGroup is deleted and created again: the old one's gang is still
+	// there until the garbage collector takes it; the new one waits, and
+	// does not take it over.
+	a3, _ := testAdopter(t, "pg-2", 3)
+	a3.gangs = a.gangs
+	again, err := a3.sync(ctx, "ml/train")
+	if err != nil || again != replacedOwnerWait {
+		t.Errorf("sync over the old PodGroup's gang: again %v, %v; want a look again in %v", again, err, replacedOwnerWait)
+	}
+	if g, _ := a.gangs.Get(ctx, "ml", "train"); !metav1.IsControlledBy(g, pg) {
+		t.Errorf("the old PodGroup's gang was taken over: owners %+v", g.OwnerReferences)
+	}
+
+	// A gang of that name that no PodGroup owns is left alone, for good.
+	mine := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"}, Spec: gangv1.GangSpec{Size: 5, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
+	a4, _ := testAdopter(t, "pg-3", 2)
+	if _, err := a4.gangs.Create(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	again, err = a4.sync(ctx, "ml/train")
+	if err != nil || again != 0 {
+		t.Errorf("sync over a user's gang: again %v, %v; want nothing", again, err)
+	}
+	if g, _ := a4.gangs.Get(ctx, "ml", "train"); g.Spec.Size != 5 || len(g.OwnerReferences) != 0 {
+		t.Errorf("the user's gang changed: %+v, owners %+v", g.Spec, g.OwnerReferences)
+	}
+
+	// A PodGroup that is gone has nothing to sync.
+	if _, err := a4.sync(ctx, "ml/eval"); err != nil {
+		t.Errorf("sync of a missing PodGroup: %v", err)
+	}
+	if _, err := a4.gangs.Get(ctx, "ml", "eval"); !apierrors.IsNotFound(err) {
+		t.Errorf("a gang for a missing PodGroup: %v", err)
+	}
+}
