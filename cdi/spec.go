@@ -31,6 +31,7 @@ const (
 	annotationClaimNamespace = Vendor + "/claim-namespace"
 	annotationClaimName      = Vendor + "/claim-name"
 	annotationDeviceName     = Vendor + "/device-name"
+	annotationBootID         = Vendor + "/boot-id"
 )
 
 // maxClaimUIDLen keeps the spec file name well under the 255-byte limit.
@@ -76,6 +77,10 @@ type ClaimSpec struct {
 	ClaimUID       string
 	ClaimNamespace string
 	ClaimName      string
+	// BootID is the boot the spec was written in. A spec only holds within
+	// it; one found after a reboot is stale, wherever the CDI directory
+	// lives. Empty in specs of releases that did not record it.
+	BootID string
 	// Devices hold per-device edits, in the order given.
 	Devices []Device
 	// Common edits apply once when any device of the claim is injected:
@@ -128,6 +133,12 @@ func (c ClaimSpec) toCDI(kind string) (*cdispec.Spec, error) {
 			annotationClaimName:      c.ClaimName,
 		},
 		ContainerEdits: common,
+	}
+	if c.BootID != "" {
+		if err := validateText("boot ID", c.BootID, true); err != nil {
+			return nil, err
+		}
+		raw.Annotations[annotationBootID] = c.BootID
 	}
 	seen := make(map[string]bool, len(c.Devices))
 	for _, d := range c.Devices {
@@ -222,6 +233,7 @@ func fromCDI(raw *cdispec.Spec, kind string) (ClaimSpec, error) {
 		ClaimUID:       raw.Annotations[annotationClaimUID],
 		ClaimNamespace: raw.Annotations[annotationClaimNamespace],
 		ClaimName:      raw.Annotations[annotationClaimName],
+		BootID:         raw.Annotations[annotationBootID],
 		Common:         fromCDIEdits(raw.ContainerEdits),
 	}
 	if c.ClaimUID == "" {

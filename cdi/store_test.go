@@ -169,6 +169,7 @@ func TestListRoundTripsAndIgnoresForeignFiles(t *testing.T) {
 		gpuClaim(t, uidA, "train-0", devRoot, driver, 0, 1),
 		gpuClaim(t, uidB, "train-1", devRoot, driver, 2),
 	}
+	want[1].BootID = "5b0c2a4e-9d1f-4c1e-8a57-3f2e1d0c9b8a"
 	for _, c := range slices.Backward(want) {
 		if _, err := store.Write(c); err != nil {
 			t.Fatal(err)

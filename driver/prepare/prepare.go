@@ -306,7 +306,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 	if err := m.reconcileGPUs(ctx, settingsGPUs(out)); err != nil {
 		return nil, err
 	}
-	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
+	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name, BootID: m.cfg.BootID}
 	var visible []string
 	uuids := make([]string, len(out))
 	seen := map[string]bool{}

@@ -118,6 +118,34 @@ func TestCorruptCheckpointIsRebuiltFromCDISpecs(t *testing.T) {
 	}
 }
 
+// A checkpoint lost across a reboot (torn by the power cut) must not bring
+// back the earlier boot's claims from a CDI directory that is not tmpfs.
+func TestCorruptCheckpointAfterARebootLeavesTheEarlierBootsSpecsOut(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	m := e.start()
+	if _, err := m.Prepare(ctx, claim("old", "gpu-3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.dataDir, checkpoint.FileName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.bootID = "boot-2"
+	m = e.start()
+	if got := m.PreparedClaims(); len(got) != 0 {
+		t.Errorf("claims rebuilt from the earlier boot's specs: %+v", got)
+	}
+	if f := specFiles(t, e.cdiDir); len(f) != 0 {
+		t.Errorf("the earlier boot's specs are still there: %v", f)
+	}
+	if _, err := m.Prepare(ctx, claim("new", "gpu-3")); err != nil {
+		t.Errorf("gpu-3 still held by the earlier boot's claim: %v", err)
+	}
+	if d := load(t, e.dataDir); d.BootID != "boot-2" || len(d.Claims) != 1 {
+		t.Errorf("checkpoint %+v, want boot-2 with the new claim only", d)
+	}
+}
+
 func TestRebootDiscardsStaleState(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
 	ctx := context.Background()

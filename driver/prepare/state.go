@@ -202,13 +202,21 @@ func ownersOf(data checkpoint.Data) map[string]types.UID {
 
 // rebuildFromCDI reconstructs prepared claims from the CDI specs, which are
 // written before a prepare completes and removed before an unprepare does.
+// Specs of an earlier boot are left out (and then removed as orphans): on a
+// CDI directory that survives reboots they would otherwise come back as
+// prepared claims whose partitions and containers are gone.
 func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
+	logger := klog.FromContext(ctx)
 	specs, err := m.cfg.CDI.List()
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Some CDI specs could not be read while rebuilding the checkpoint; they are left out")
+		logger.Error(err, "Some CDI specs could not be read while rebuilding the checkpoint; they are left out")
 	}
 	data := checkpoint.Data{BootID: m.cfg.BootID, Claims: map[string]checkpoint.Claim{}}
 	for _, s := range specs {
+		if s.BootID != "" && s.BootID != m.cfg.BootID {
+			logger.Info("Leaving out a CDI spec of an earlier boot", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID, "specBootID", s.BootID)
+			continue
+		}
 		c := checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted}
 		for _, d := range s.Devices {
 			dev := checkpoint.Device{
