@@ -131,9 +131,7 @@ func TestRebootPreparesClaimsAfreshAndLeaksNothing(t *testing.T) {
 	c.deletePodsAndWait(ctx, t, pods...)
 	waitNoCDISpecs(ctx, t, node)
 	eventually(ctx, t, time.Minute, "MIG instance destroyed after the pods were deleted", func() bool { return instances() == 0 })
-	if data, err := store.Load(); err != nil || len(data.Claims) != 0 {
-		t.Errorf("checkpoint after the pods are gone: err %v, claims %+v; want none", err, data.Claims)
-	}
+	waitCheckpointEmpty(ctx, t, node)
 }
 
 // hasContainer reports whether the runtime recorded the pod's main container.

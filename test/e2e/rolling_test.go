@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/test/gpunode"
 )
@@ -73,13 +72,7 @@ func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
 
 	// Both instances wrote one checkpoint: it ends empty, with nothing
 	// held by a claim the old instance prepared.
-	store, err := checkpoint.NewStore(node.Options.PluginDataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if data, err := store.Load(); err != nil || len(data.Claims) != 0 {
-		t.Errorf("checkpoint after every pod is gone: %v claims %+v", err, data.Claims)
-	}
+	waitCheckpointEmpty(ctx, t, node)
 
 	events, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/test/cluster"
@@ -422,6 +423,25 @@ func waitNoCDISpecs(ctx context.Context, t testing.TB, n *gpuNode) {
 	})
 	if err != nil {
 		t.Fatalf("node %s: CDI specs %v still there: claims not unprepared: %v", n.Name(), n.cdiSpecs(), err)
+	}
+}
+
+// waitCheckpointEmpty waits until the node's checkpoint holds no claim: an
+// unprepare removes the CDI spec before its claim leaves the checkpoint, so
+// a spec gone does not mean the checkpoint is written yet.
+func waitCheckpointEmpty(ctx context.Context, t testing.TB, n *gpuNode) {
+	t.Helper()
+	store, err := checkpoint.NewStore(n.Options.PluginDataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data checkpoint.Data
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		data, err = store.Load()
+		return err == nil && len(data.Claims) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("node %s: checkpoint still holds claims %+v (load error %v)", n.Name(), data.Claims, err)
 	}
 }
 

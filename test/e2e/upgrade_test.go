@@ -84,9 +84,7 @@ func TestUpgradeKeepsPodsTheFirstReleasePrepared(t *testing.T) {
 	// and its GPU serves a new pod that asks for exactly that GPU.
 	c.deletePodsAndWait(ctx, t, pod)
 	waitNoCDISpecs(ctx, t, node)
-	if data, err := store.Load(); err != nil || len(data.Claims) != 0 {
-		t.Errorf("checkpoint after the pod is gone: err %v, claims %+v; want none", err, data.Claims)
-	}
+	waitCheckpointEmpty(ctx, t, node)
 	device := allocatedDevices(claim)[0]
 	uuid := node.gpuOf(t, device).uuid
 	again := gpuTemplate(ns, "that-gpu", 1)
