@@ -30,9 +30,15 @@ func newCapacity(nodes map[string]*v1.Node, pods []*v1.Pod) capacity {
 		if p.Spec.NodeName == "" || finished(p) || c[p.Spec.NodeName] == nil {
 			continue
 		}
-		c.take(p.Spec.NodeName, p)
+		c.take(p.Spec.NodeName, requests(p))
 	}
 	return c
+}
+
+// requests is what the pod asks of its node, counted as the scheduler does
+// (init containers, overhead); computed once per pod and placement.
+func requests(p *v1.Pod) v1.ResourceList {
+	return resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{})
 }
 
 // of copies the room of the named nodes, for one tentative placement.
@@ -46,14 +52,14 @@ func (c capacity) of(nodes []string) capacity {
 	return out
 }
 
-// fits says what, if anything, the node lacks for the pod.
-func (c capacity) fits(node string, p *v1.Pod) string {
+// fits says what, if anything, the node lacks for a pod of these requests.
+func (c capacity) fits(node string, req v1.ResourceList) string {
 	free := c[node]
 	if pods := free[v1.ResourcePods]; pods.Value() < 1 {
 		return "pod slots"
 	}
 	var short []string
-	for name, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{}) {
+	for name, q := range req {
 		if q.IsZero() {
 			continue
 		}
@@ -65,10 +71,10 @@ func (c capacity) fits(node string, p *v1.Pod) string {
 	return strings.Join(short, ", ")
 }
 
-// take counts the pod against the node.
-func (c capacity) take(node string, p *v1.Pod) {
+// take counts a pod of these requests against the node.
+func (c capacity) take(node string, req v1.ResourceList) {
 	free := c[node]
-	for name, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{}) {
+	for name, q := range req {
 		have := free[name]
 		have.Sub(q)
 		free[name] = have

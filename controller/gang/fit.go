@@ -190,12 +190,13 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		}
 		placed := false
 		short := ""
+		req := requests(m.pod)
 		for k := range usable {
 			n := usable[(cursor+k)%len(usable)]
 			if full[shape][n.Name] || !podFits(m.pod, n) {
 				continue
 			}
-			if lacks := room.fits(n.Name, m.pod); lacks != "" {
+			if lacks := room.fits(n.Name, req); lacks != "" {
 				if short == "" {
 					short = fmt.Sprintf("; node %s lacks %s for it", n.Name, lacks)
 				}
@@ -210,7 +211,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 				continue
 			}
 			cluster.Commit(res...)
-			room.take(n.Name, m.pod)
+			room.take(n.Name, req)
 			p.nodes = append(p.nodes, n.Name)
 			p.allocs = append(p.allocs, res)
 			cursor = (cursor + k) % len(usable)
