@@ -44,7 +44,7 @@ func (e gangEnv) setUp(ctx context.Context, t *testing.T, ns string) {
 	t.Helper()
 	e.c.newNamespace(ctx, t, ns)
 	client := e.c.Client()
-	noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
+	e.c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
 }
 
@@ -69,7 +69,7 @@ func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
 	client := e.c.Client()
 	// The rival: a pod held back by a gate of its own, whose claim the test
 	// allocates itself, as the scheduler would.
-	rival := newGPUPod(ns, "rival", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")})
+	rival := newGPUPod(ns, "rival", gpuFrom("one-gpu"))
 	rival.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
 	noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, rival, metav1.CreateOptions{})))
 	var rivalClaim string

@@ -64,7 +64,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("SixteenMembersOfAnIndexedJobRunInOneCliqueWithDistinctRanks", func(t *testing.T) {
 		const ns = "train16"
 		c.newNamespace(ctx, t, ns)
-		noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
+		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 		noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "train-domain"), metav1.CreateOptions{})))
 		pods, g := c.runJobGang(ctx, t, gs, ns, "train", "one-gpu", "train-domain", 16)
 		dc := getClaim(ctx, t, c, ns, "train-domain")
@@ -106,11 +106,11 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("GangThatCannotFitHoldsNothingWhileSmallerWorkSchedulesAndStartsWhenCapacityFrees", func(t *testing.T) {
 		const ns = "nofit"
 		c.newNamespace(ctx, t, ns)
-		noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
-		noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "four-gpus", 4), metav1.CreateOptions{})))
+		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
+		c.createTemplates(ctx, t, gpuTemplate(ns, "four-gpus", 4))
 		noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "big-domain"), metav1.CreateOptions{})))
 		// A blocker takes a whole tray of clique A: 12 GPUs are left there.
-		blocker := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("four-gpus")}), "tray-a1"))
+		blocker := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("four-gpus")), "tray-a1"))
 		t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "big") })
 		gs.create(ctx, t, labelGang(ns, "big", 16, "big-domain"))
 		c.createMembers(ctx, t, ns, "big", "one-gpu", "big-domain", 16)
@@ -141,7 +141,7 @@ func TestGangPlacement(t *testing.T) {
 		c.checkHeldNothing(ctx, t, ns, c.gangPods(ctx, t, ns, "big"), "big-domain")
 		// Work that fits is not blocked by the waiting gang (on clique B, so
 		// that clique A is whole again once the blocker goes).
-		small := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "small", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}), "tray-b1"))
+		small := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "small", gpuFrom("one-gpu")), "tray-b1"))
 		t.Logf("waiting: %s; a 1-GPU pod runs meanwhile on %s", why, small.Spec.NodeName)
 		c.checkHeldNothing(ctx, t, ns, c.gangPods(ctx, t, ns, "big"), "big-domain")
 
@@ -156,7 +156,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("TwoGangsCompeteForOneCliqueOneWaitsWholeAndTheSmallestFittingDomainIsChosen", func(t *testing.T) {
 		const ns = "compete"
 		c.newNamespace(ctx, t, ns)
-		noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
+		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 		for _, name := range []string{"first", "second", "small"} {
 			noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, name+"-domain"), metav1.CreateOptions{})))
 			t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, name) })
@@ -215,7 +215,7 @@ func TestGangPlacement(t *testing.T) {
 		} {
 			ns := "kill-" + tc.name
 			c.newNamespace(ctx, t, ns)
-			noErr(t, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{})))
+			c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 			noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
 			t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
 			var reached atomic.Int32

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 )
 
 var healthNode = gpuNodeSpec{name: "health-node", profile: "pcie-l4x4"}
@@ -29,10 +28,8 @@ func TestUnhealthyGPUShowsInPodStatusAndGetsNoNewWork(t *testing.T) {
 	const ns = "health"
 	c.newNamespace(ctx, t, ns)
 
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one", 1), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	claimRef := corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one")}
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one", 1))
+	claimRef := gpuFrom("one")
 	victim := c.createAndRun(ctx, t, newGPUPod(ns, "victim", claimRef))
 	devices := allocatedDevices(c.claimOf(ctx, t, victim, "gpu"))
 	if len(devices) != 1 {
@@ -79,10 +76,8 @@ func TestUnhealthyGPUShowsInPodStatusAndGetsNoNewWork(t *testing.T) {
 
 	// Free the faulty GPU: new work still must not land on it.
 	c.deletePodsAndWait(ctx, t, victim)
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "three", 3), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	healthy := c.createAndRun(ctx, t, newGPUPod(ns, "healthy", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("three")}))
+	c.createTemplates(ctx, t, gpuTemplate(ns, "three", 3))
+	healthy := c.createAndRun(ctx, t, newGPUPod(ns, "healthy", gpuFrom("three")))
 	got := allocatedDevices(c.claimOf(ctx, t, healthy, "gpu"))
 	if len(got) != 3 || slices.Contains(got, devices[0]) {
 		t.Fatalf("new pod got %v; the tainted %s must not be among them", got, devices[0])

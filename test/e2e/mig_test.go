@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
 
@@ -25,7 +24,6 @@ func TestMIGPartitionIsCreatedForItsPodAndDestroyedAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	node := c.nodes[h100Node.name]
-	client := c.Client()
 	const ns = "mig"
 	c.newNamespace(ctx, t, ns)
 
@@ -40,9 +38,7 @@ func TestMIGPartitionIsCreatedForItsPodAndDestroyedAfter(t *testing.T) {
 		t.Fatalf("fresh node has %d GPU instances, want 0", n)
 	}
 	template := migTemplate(ns, "one-slice", "1g.10gb")
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, template, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createTemplates(ctx, t, template)
 	pod := c.createAndRun(ctx, t, newGPUPod(ns, "inference", corev1.PodResourceClaim{Name: "mig", ResourceClaimTemplateName: ptr.To(template.Name)}))
 	devices := allocatedDevices(c.claimOf(ctx, t, pod, "mig"))
 	if len(devices) != 1 {

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/test/cluster"
@@ -29,17 +28,11 @@ func TestRebootPreparesClaimsAfreshAndLeaksNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	node := c.nodes[h100Node.name]
-	client := c.Client()
 	const ns = "reboot"
 	c.newNamespace(ctx, t, ns)
-	slice := migTemplate(ns, "one-slice", "1g.10gb")
-	for _, tmpl := range []*resourceapi.ResourceClaimTemplate{gpuTemplate(ns, "one-gpu", 1), slice} {
-		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	whole := c.createAndRun(ctx, t, newGPUPod(ns, "whole", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}))
-	mig := c.createAndRun(ctx, t, newGPUPod(ns, "mig", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-slice")}))
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), migTemplate(ns, "one-slice", "1g.10gb"))
+	whole := c.createAndRun(ctx, t, newGPUPod(ns, "whole", gpuFrom("one-gpu")))
+	mig := c.createAndRun(ctx, t, newGPUPod(ns, "mig", gpuFrom("one-slice")))
 	pods := []*corev1.Pod{whole, mig}
 	claims := map[string]*resourceapi.ResourceClaim{}
 	for _, p := range pods {

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/test/gpunode"
 )
@@ -31,11 +30,9 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	client := c.Client()
 	const ns = "restarts"
 	c.newNamespace(ctx, t, ns)
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 	withGPU := func(name string) *corev1.Pod {
-		return newGPUPod(ns, name, corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")})
+		return newGPUPod(ns, name, gpuFrom("one-gpu"))
 	}
 	survivor := c.createAndRun(ctx, t, withGPU("survivor"))
 	survivorContainer := c.containerOf(t, survivor)

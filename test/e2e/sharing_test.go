@@ -138,19 +138,17 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		tmpl := shareTemplate(ns, "slice", "timeslice.gpu.tessera.dev", nil)
-		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		tc.createTemplates(ctx, t, tmpl)
 		g0 := n.gpuOf(t, "gpu-0")
 		var pods []*corev1.Pod
 		for _, name := range []string{"slice-a", "slice-b", "slice-c"} {
-			pod := tc.createAndRun(ctx, t, newGPUPod(ns, name, corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To(tmpl.Name)}))
+			pod := tc.createAndRun(ctx, t, newGPUPod(ns, name, gpuFrom(tmpl.Name)))
 			if got := tc.containerOf(t, pod).EnvMap()["NVIDIA_VISIBLE_DEVICES"]; got != g0.uuid {
 				t.Errorf("pod %s sees GPU %q, want the time-sliced gpu-0 %s", name, got, g0.uuid)
 			}
 			pods = append(pods, pod)
 		}
-		fourth := newGPUPod(ns, "slice-d", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To(tmpl.Name)})
+		fourth := newGPUPod(ns, "slice-d", gpuFrom(tmpl.Name))
 		if _, err := client.CoreV1().Pods(ns).Create(ctx, fourth, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -166,18 +164,16 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		tmpl := shareTemplate(ns, "ten-gib", "memory.gpu.tessera.dev", map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi")})
-		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		tc.createTemplates(ctx, t, tmpl)
 		g1 := n.gpuOf(t, "gpu-1")
 		for _, name := range []string{"mem-a", "mem-b"} {
-			pod := tc.createAndRun(ctx, t, newGPUPod(ns, name, corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To(tmpl.Name)}))
+			pod := tc.createAndRun(ctx, t, newGPUPod(ns, name, gpuFrom(tmpl.Name)))
 			env := tc.containerOf(t, pod).EnvMap()
 			if env["NVIDIA_VISIBLE_DEVICES"] != g1.uuid || env["TESSERA_GPU_1_MEMORY_LIMIT_MIB"] != "10240" {
 				t.Errorf("pod %s: NVIDIA_VISIBLE_DEVICES=%q TESSERA_GPU_1_MEMORY_LIMIT_MIB=%q, want gpu-1 %s and 10240", name, env["NVIDIA_VISIBLE_DEVICES"], env["TESSERA_GPU_1_MEMORY_LIMIT_MIB"], g1.uuid)
 			}
 		}
-		third := newGPUPod(ns, "mem-c", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To(tmpl.Name)})
+		third := newGPUPod(ns, "mem-c", gpuFrom(tmpl.Name))
 		if _, err := client.CoreV1().Pods(ns).Create(ctx, third, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

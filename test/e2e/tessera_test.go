@@ -426,6 +426,21 @@ func waitNoCDISpecs(ctx context.Context, t testing.TB, n *gpuNode) {
 	}
 }
 
+// createTemplates creates ResourceClaimTemplates, each in its namespace.
+func (c *tesseraCluster) createTemplates(ctx context.Context, t testing.TB, tmpls ...*resourceapi.ResourceClaimTemplate) {
+	t.Helper()
+	for _, tmpl := range tmpls {
+		if _, err := c.Client().ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create ResourceClaimTemplate %s/%s: %v", tmpl.Namespace, tmpl.Name, err)
+		}
+	}
+}
+
+// gpuFrom is a pod's claim "gpu", made from the named template.
+func gpuFrom(template string) corev1.PodResourceClaim {
+	return corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}
+}
+
 // waitCheckpointEmpty waits until the node's checkpoint holds no claim: an
 // unprepare removes the CDI spec before its claim leaves the checkpoint, so
 // a spec gone does not mean the checkpoint is written yet.

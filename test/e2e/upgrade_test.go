@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/checkpoint/checkpointtest"
@@ -30,13 +29,10 @@ func TestUpgradeKeepsPodsTheFirstReleasePrepared(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	node := c.nodes[l4Node.name]
-	client := c.Client()
 	const ns = "upgrade"
 	c.newNamespace(ctx, t, ns)
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := c.createAndRun(ctx, t, newGPUPod(ns, "old", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}))
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
+	pod := c.createAndRun(ctx, t, newGPUPod(ns, "old", gpuFrom("one-gpu")))
 	claim := c.claimOf(ctx, t, pod, "gpu")
 	container := c.containerOf(t, pod)
 	specPath := node.cdiSpecPath(t, claim)
@@ -91,10 +87,8 @@ func TestUpgradeKeepsPodsTheFirstReleasePrepared(t *testing.T) {
 	again.Spec.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 		Expression: `device.attributes["gpu.tessera.dev"].uuid == "` + uuid + `"`,
 	}}}
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, again, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	next := c.createAndRun(ctx, t, newGPUPod(ns, "new", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("that-gpu")}))
+	c.createTemplates(ctx, t, again)
+	next := c.createAndRun(ctx, t, newGPUPod(ns, "new", gpuFrom("that-gpu")))
 	checkGPUContainer(t, node, c.containerOf(t, next), []string{device})
 	checkNoWarnings(ctx, t, c, ns)
 }

@@ -31,10 +31,8 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	t.Run("ClaimFromTemplateGetsExactlyItsGPU", func(t *testing.T) {
 		const ns = "template"
 		c.newNamespace(ctx, t, ns)
-		if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		pod := c.createAndRun(ctx, t, newGPUPod(ns, "trainer", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}))
+		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
+		pod := c.createAndRun(ctx, t, newGPUPod(ns, "trainer", gpuFrom("one-gpu")))
 		claim := c.claimOf(ctx, t, pod, "gpu")
 		results := claim.Status.Allocation.Devices.Results
 		if len(results) != 1 || results[0].Driver != gpuClass || results[0].Pool != node.Name() {
@@ -109,11 +107,9 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 		c.newNamespace(ctx, t, ns)
 		gpus := int64(node.gpuCount(t))
 		for _, tmpl := range []*resourceapi.ResourceClaimTemplate{gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "all-gpus", gpus)} {
-			if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			c.createTemplates(ctx, t, tmpl)
 		}
-		first := c.createAndRun(ctx, t, newGPUPod(ns, "first", corev1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}))
+		first := c.createAndRun(ctx, t, newGPUPod(ns, "first", gpuFrom("one-gpu")))
 		claim := c.claimOf(ctx, t, first, "gpu")
 		spec := node.cdiSpecPath(t, claim)
 		if _, err := os.Stat(spec); err != nil {
