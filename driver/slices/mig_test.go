@@ -11,6 +11,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/simulate"
 	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
 func migCluster(t *testing.T, p fakenode.Profile, order inventory.Order) (*simulate.Cluster, []*resourceapi.ResourceSlice) {
@@ -291,5 +292,76 @@ func TestStaticMIGPublishesTheOperatorsDevices(t *testing.T) {
 	}
 	if *migs[2].Attributes[slices.AttrProfile].StringValue != "3g.20gb" {
 		t.Errorf("third device profile %s", *migs[2].Attributes[slices.AttrProfile].StringValue)
+	}
+}
+
+// TestLeftOutEngineCountersNeverRefuseAnything walks every combination of
+// partitions on disjoint memory slices of each MIG-capable fixture and
+// checks that the engine counters Tessera publishes refuse exactly the
+// combinations the full set of engine counters would: the ones left out
+// never bind. It also checks that some were left out, since that is what
+// makes a dynamic-MIG node cheaper for the scheduler to try.
+func TestLeftOutEngineCountersNeverRefuseAnything(t *testing.T) {
+	for _, name := range []string{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray"} {
+		t.Run(name, func(t *testing.T) {
+			_, gpus := fixtures.Node(t, profile(t, name), node)
+			info := gpus[0].MIG
+			if info == nil {
+				t.Fatalf("%s: GPU 0 has no MIG facts", name)
+			}
+			totals, limits := slices.EngineTotals(info), slices.EngineLimits(info)
+			if len(limits) >= len(totals) {
+				t.Errorf("%s: all %d engine counters kept (%v); expected the ones that never bind left out", name, len(totals), limits)
+			}
+			type part struct {
+				start, size int
+				engines     map[string]int
+			}
+			var parts []part
+			for _, p := range info.Profiles {
+				for _, pl := range p.Placements {
+					parts = append(parts, part{pl.Start, pl.Size, slices.Engines(p)})
+				}
+			}
+			within := func(used, caps map[string]int) bool {
+				for e, n := range used {
+					if c, ok := caps[e]; ok && n > c {
+						return false
+					}
+				}
+				return true
+			}
+			combos, refused := 0, 0
+			var walk func(i int, taken uint64, used map[string]int)
+			walk = func(i int, taken uint64, used map[string]int) {
+				if i == len(parts) {
+					combos++
+					full, published := within(used, totals), within(used, limits)
+					if !full {
+						refused++
+					}
+					if full != published {
+						t.Fatalf("%s: combination using %v: full counters admit it %v, published ones %v", name, used, full, published)
+					}
+					return
+				}
+				walk(i+1, taken, used)
+				p := parts[i]
+				mask := uint64(1)<<(p.start+p.size) - uint64(1)<<p.start
+				if taken&mask != 0 {
+					return
+				}
+				next := map[string]int{}
+				for e, n := range used {
+					next[e] = n
+				}
+				for e, n := range p.engines {
+					next[e] += n
+				}
+				walk(i+1, taken|mask, next)
+			}
+			walk(0, 0, map[string]int{})
+			t.Logf("%s: %d combinations on disjoint memory slices, %d refused by engine counters; engine counters %d of %d kept", name, combos, refused, len(limits), len(totals))
+		})
 	}
 }
