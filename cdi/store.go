@@ -1,7 +1,6 @@
 package cdi
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +10,7 @@ import (
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // fileMode of every spec file: readable by the runtime, never world-writable.
@@ -22,14 +22,19 @@ const fileMode = 0o644
 // File contract: one file per claim and CDI class, named
 // "gpu.tessera.dev-<class>_<claimUID>.json" (the CDI library's transient spec
 // name; class "gpu" for NewStore). Stores of different classes share a
-// directory without seeing each other's files. Files appear and change only by rename, so the runtime never sees a
-// partial spec; temporary files start with "." and do not end in ".json", so
-// CDI scanners skip them. A crash mid-write can leave such a temporary file
-// behind; it is harmless. A Store holds no state besides its dir: calls for
-// different claims may run concurrently.
+// directory without seeing each other's files. The CDI library itself
+// validates and writes each file, and files appear and change only by
+// rename, so the runtime never sees a partial or invalid spec. Temporary
+// files (the library's "spec.*.tmp", or "."-prefixed ones of earlier
+// versions) do not end in ".json", so CDI scanners skip them; a crash
+// mid-write can leave one behind, and it is harmless. A Store holds no state
+// besides its dir: calls for different claims may run concurrently.
 type Store struct {
 	dir   string
 	class string
+	// writer is the CDI library's cache of dir, used only to validate and
+	// write specs: it never refreshes (no watcher, no rescans).
+	writer *cdiapi.Cache
 }
 
 // NewStore returns a Store of class Class for dir, creating dir (mode 0755)
@@ -47,7 +52,9 @@ func NewStoreOfClass(dir, class string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI spec dir: %w", err)
 	}
-	return &Store{dir: dir, class: class}, nil
+	// NewCache's error is always nil (kept for API compatibility).
+	writer, _ := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	return &Store{dir: dir, class: class, writer: writer}, nil
 }
 
 // Path returns the path of the spec file of a claim.
@@ -76,11 +83,7 @@ func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: build CDI spec: %w", spec, err)
 	}
-	data, err := json.MarshalIndent(raw, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("%s: encode CDI spec: %w", spec, err)
-	}
-	if err := s.writeFile(s.Path(spec.ClaimUID), data); err != nil {
+	if err := s.writeFile(raw, spec.ClaimUID); err != nil {
 		return nil, fmt.Errorf("%s: %w", spec, err)
 	}
 	ids := make(map[string]string, len(spec.Devices))
@@ -90,38 +93,23 @@ func (s *Store) Write(spec ClaimSpec) (map[string]string, error) {
 	return ids, nil
 }
 
-// writeFile writes data to path by way of a temporary file in the same dir:
-// write, let the CDI library read and validate it, rename. Nothing is
-// fsynced: the runtime reads the spec through the page cache, and a spec
-// only matters within the boot that wrote it (the CDI directory is usually
-// tmpfs; after a reboot the plugin removes the specs of the earlier boot).
-// Every prepare waits for this write, so its fsyncs were pure latency.
-func (s *Store) writeFile(path string, data []byte) (err error) {
-	tmp, err := os.CreateTemp(s.dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("create temporary spec file in %s: %w", s.dir, err)
+// writeFile has the CDI library validate raw in memory and write it as the
+// claim's spec file: a temporary file in the same dir, renamed over the
+// name. A spec the library would reject never reaches the file name the
+// runtime reads. Nothing is fsynced: the runtime reads the spec through the
+// page cache, and a spec only matters within the boot that wrote it (the CDI
+// directory is usually tmpfs; after a reboot the plugin removes the specs of
+// the earlier boot). Every prepare waits for this write, so fsyncs, like the
+// YAML parse of reading the file back to validate it, were pure latency.
+func (s *Store) writeFile(raw *cdispec.Spec, claimUID string) error {
+	name := s.fileName(claimUID)
+	if err := s.writer.WriteSpec(raw, name); err != nil {
+		return fmt.Errorf("CDI library rejects or cannot write the spec %s: %w", filepath.Join(s.dir, name), err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if err := tmp.Chmod(fileMode); err != nil {
-		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	// Validate the very bytes the runtime will read, the way it reads them.
-	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
-		return fmt.Errorf("CDI library rejects the spec for %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
+	// The library writes owner-only files; the runtime may read as another
+	// user.
+	if err := os.Chmod(filepath.Join(s.dir, name), fileMode); err != nil {
+		return fmt.Errorf("chmod CDI spec: %w", err)
 	}
 	return nil
 }
