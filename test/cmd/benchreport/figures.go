@@ -52,6 +52,8 @@ var figures = []figure{
 	{"allocator_us_per_claim_500_nodes", "BenchmarkAllocator500Nodes", "us/claim", "us", nil},
 	{"publish_ms", "BenchmarkPublish", "ms/publish", "ms", bound("<", 500)},
 	{"plugin_rss_mib", "BenchmarkPublish", "MiB/rss", "MiB", bound("<", 50)},
+	{"plugin_rss_anon_mib", "BenchmarkPublish", "MiB/rss-anon", "MiB", nil},
+	{"plugin_rss_file_mib", "BenchmarkPublish", "MiB/rss-file", "MiB", nil},
 	{"gang_64_s", "BenchmarkGangPlacement/pods=64", "gang_64_s", "s", nil},
 	{"gang_128_s", "BenchmarkGangPlacement/pods=128", "gang_128_s", "s", nil},
 	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10)},
