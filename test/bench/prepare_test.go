@@ -127,7 +127,8 @@ func newFloor(b *testing.B, n *benchNode, claim kubeletsim.Claim) *floor {
 	if f.ckpt, err = checkpoint.NewStore(filepath.Join(n.dir, "floor", "plugin")); err != nil {
 		b.Fatal(err)
 	}
-	if f.cdiStore, err = cdi.NewStore(filepath.Join(n.dir, "floor", "cdi")); err != nil {
+	// The floor's specs on the same file system as the plugin's.
+	if f.cdiStore, err = cdi.NewStore(filepath.Join(n.opts.CDIRoot, "floor")); err != nil {
 		b.Fatal(err)
 	}
 	// A client of its own, with the plugin's limits: its own token bucket.
