@@ -79,8 +79,8 @@ func engines(p mig.Profile) map[string]int {
 
 // consumption is what a device takes from its GPU's counter set: the memory
 // slices it occupies (all of them for the whole GPU) and, for partitions,
-// its engines.
-func consumption(d inventory.Device) map[string]resourceapi.Counter {
+// its engines that the set limits (engineLimits of the GPU).
+func consumption(d inventory.Device, limits map[string]int) map[string]resourceapi.Counter {
 	out := map[string]resourceapi.Counter{}
 	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
 	if d.Kind == inventory.Whole {
@@ -92,7 +92,6 @@ func consumption(d inventory.Device) map[string]resourceapi.Counter {
 	for i := d.Placement.Start; i < d.Placement.Start+d.Placement.Size; i++ {
 		out[fmt.Sprintf(counterMemorySlice, i)] = one
 	}
-	limits := engineLimits(d.GPU.MIG)
 	for name, n := range engines(d.Profile) {
 		if _, binds := limits[name]; binds && n > 0 {
 			out[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
@@ -174,16 +173,21 @@ func engineTotals(info *mig.Info) map[string]int {
 // disjoint memory slices can hold together: the best sum over placements
 // that do not overlap, found slice by slice from the last one back.
 func mostOnDisjointSlices(info *mig.Info, engine string) int {
+	type span struct{ size, n int }
+	starting := make([][]span, info.MemorySlices) // placements by first slice
+	for _, p := range info.Profiles {
+		n := engines(p)[engine]
+		for _, pl := range p.Placements {
+			if pl.Start >= 0 && pl.Size > 0 && pl.Start+pl.Size <= info.MemorySlices {
+				starting[pl.Start] = append(starting[pl.Start], span{pl.Size, n})
+			}
+		}
+	}
 	best := make([]int, info.MemorySlices+1) // best[i]: using slices i and above
 	for i := info.MemorySlices - 1; i >= 0; i-- {
 		best[i] = best[i+1]
-		for _, p := range info.Profiles {
-			n := engines(p)[engine]
-			for _, pl := range p.Placements {
-				if pl.Start == i && pl.Start+pl.Size <= info.MemorySlices {
-					best[i] = max(best[i], n+best[i+pl.Size])
-				}
-			}
+		for _, sp := range starting[i] {
+			best[i] = max(best[i], sp.n+best[i+sp.size])
 		}
 	}
 	return best[0]

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 )
 
 // DriverName is the DRA driver name Tessera publishes under.
@@ -113,6 +114,7 @@ type Options struct {
 // in the inventory's order, then the GPUs' counter sets in their own slices.
 func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourceslice.DriverResources, error) {
 	devices := make([]resourceapi.Device, 0, len(inv.Devices))
+	limits := map[*mig.Info]map[string]int{} // engineLimits, once per GPU
 	for _, d := range inv.Devices {
 		var dev resourceapi.Device
 		if d.Kind == inventory.Whole {
@@ -123,7 +125,12 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 			dev = MIGDevice(d)
 		}
 		if d.Counters != "" {
-			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d)}}
+			l, ok := limits[d.GPU.MIG]
+			if !ok {
+				l = engineLimits(d.GPU.MIG)
+				limits[d.GPU.MIG] = l
+			}
+			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, l)}}
 		}
 		if t := opts.Taints[d.GPU.Name()]; len(t) > 0 {
 			dev.Taints = t
