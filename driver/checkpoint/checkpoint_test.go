@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -127,5 +128,33 @@ func TestQuarantineMovesTheFileAside(t *testing.T) {
 	}
 	if _, err := os.Stat(s.Path()); !os.IsNotExist(err) {
 		t.Errorf("checkpoint still present: %v", err)
+	}
+}
+
+func TestOnWriteIsToldOfEachSuccessfulWrite(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var took []time.Duration
+	s.OnWrite = func(d time.Duration) { took = append(took, d) }
+	for range 2 {
+		if err := s.Save(sample()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(took) != 2 || took[0] <= 0 || took[1] <= 0 {
+		t.Fatalf("OnWrite saw %v, want two positive durations", took)
+	}
+	// A write that fails (the directory is gone) is not reported.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(sample()); err == nil {
+		t.Fatal("Save into a removed directory succeeded")
+	}
+	if len(took) != 2 {
+		t.Errorf("OnWrite told of a failed write: %v", took)
 	}
 }

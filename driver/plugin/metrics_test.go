@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,22 @@ func wantLines(t *testing.T, body string, lines ...string) {
 			t.Errorf("metrics lack %q", l)
 		}
 	}
+}
+
+// metricValue is the value of the sample named exactly name (no labels).
+func metricValue(t *testing.T, body, name string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("metrics lack %s", name)
+	return 0
 }
 
 func TestMetricsAreServedOnTheMetricsAddress(t *testing.T) {
@@ -80,11 +97,19 @@ func TestMetricsAreServedOnTheMetricsAddress(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^tessera_health_events_total\{gpu="gpu-1",kind="xid",uuid="GPU-[^"]+",xid="48"\} 1$`).MatchString(body) {
 		t.Errorf("metrics lack the XID 48 event of gpu-1:\n%s", body)
 	}
+	writes := metricValue(t, body, "tessera_checkpoint_write_duration_seconds_count")
+	if writes < 1 {
+		t.Errorf("%v checkpoint writes after a prepare, want at least its completed mark", writes)
+	}
 	if resp, err := h.kubelet.Unprepare(h.ctx, c); err != nil || resp.Claims[string(c.UID)].Error != "" {
 		t.Fatalf("unprepare: %v %v", resp, err)
 	}
 	_, body = scrape(t, addr, "/metrics")
 	wantLines(t, body, `tessera_unprepare_total{result="success"} 1`, `tessera_unprepare_duration_seconds_count 1`, `tessera_prepared_devices 0`)
+	// An unprepare is two checkpointed moves: UnprepareStarted, then gone.
+	if got := metricValue(t, body, "tessera_checkpoint_write_duration_seconds_count") - writes; got != 2 {
+		t.Errorf("an unprepare made %v checkpoint writes, want 2", got)
+	}
 
 	// Stopped with the plugin.
 	h.plugin.Stop()

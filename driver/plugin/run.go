@@ -107,6 +107,9 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
+	if err := observeCheckpointWrites(metrics, ckpt); err != nil {
+		return nil, err
+	}
 	bootID, err := checkpoint.BootID(o.BootIDFile)
 	if err != nil {
 		return nil, err
