@@ -165,3 +165,20 @@ func cdiRoot(b *testing.B, dir string) string {
 
 // tmpfsMagic is TMPFS_MAGIC from linux/magic.h.
 const tmpfsMagic = 0x01021994
+
+// checkpointWrites is how many times the plugin has written its checkpoint
+// (the count of tessera_checkpoint_write_duration_seconds).
+func (n *benchNode) checkpointWrites(b *testing.B) float64 {
+	b.Helper()
+	families, err := n.plugin.Metrics().Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "tessera_checkpoint_write_duration_seconds" && len(f.GetMetric()) == 1 {
+			return float64(f.GetMetric()[0].GetHistogram().GetSampleCount())
+		}
+	}
+	b.Fatal("the plugin's metrics lack tessera_checkpoint_write_duration_seconds")
+	return 0
+}

@@ -164,8 +164,10 @@ func (f *floor) run(ctx context.Context) error {
 // plugin's own concurrency, not the token bucket: with the defaults a node
 // sustains 50 prepares per second (--kube-api-qps).
 //
-// Reported: claims/s-c1, claims/s-c16 and speedup (their ratio), and the share
-// of the machine's CPUs busy in each phase (cpu-busy-c1, cpu-busy-c16).
+// Reported: claims/s-c1, claims/s-c16 and speedup (their ratio), the share
+// of the machine's CPUs busy in each phase (cpu-busy-c1, cpu-busy-c16), CPU
+// time per claim at 16 callers, and checkpoint writes per claim in each
+// phase.
 func BenchmarkPrepareThroughput(b *testing.B) {
 	c := controlPlane(b)
 	ns := unique("bench-throughput")
@@ -213,14 +215,16 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 		return float64(rounds*len(claims)) / time.Since(began).Seconds()
 	}
 	run(len(claims)) // warm up: first MIG creations, connections
-	var c1, c16, busy1, busy16, cpu16, own16 float64
+	var c1, c16, busy1, busy16, cpu16, own16, writes1, writes16 float64
 	b.ResetTimer()
 	for range b.N {
-		before := readCPU(b)
+		before, beforeWrites := readCPU(b), n.checkpointWrites(b)
 		c1 += run(1)
-		mid, midOwn := readCPU(b), ownCPU(b)
+		mid, midOwn, midWrites := readCPU(b), ownCPU(b), n.checkpointWrites(b)
 		c16 += run(len(claims))
-		end, endOwn := readCPU(b), ownCPU(b)
+		end, endOwn, endWrites := readCPU(b), ownCPU(b), n.checkpointWrites(b)
+		writes1 += (midWrites - beforeWrites) / float64(rounds*len(claims))
+		writes16 += (endWrites - midWrites) / float64(rounds*len(claims))
 		busy1 += mid.busySince(before)
 		busy16 += end.busySince(mid)
 		cpu16 += end.busyMsSince(mid) / float64(rounds*len(claims))
@@ -240,6 +244,10 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 	// claims/s on a shared machine, and what bounds c16 where CPUs are few.
 	b.ReportMetric(cpu16/float64(b.N), "cpu-ms/claim-c16")
 	b.ReportMetric(own16/float64(b.N), "plugin-cpu-ms/claim-c16")
+	// Checkpoint writes (each with its fsync) per claim prepared and
+	// unprepared: what the group commit saves when callers overlap.
+	b.ReportMetric(writes1/float64(b.N), "checkpoint-writes/claim-c1")
+	b.ReportMetric(writes16/float64(b.N), "checkpoint-writes/claim-c16")
 }
 
 // ownCPU is the CPU time (user and system) this process has used.
