@@ -31,6 +31,10 @@ type Preparer struct {
 	CDI *cdi.Store
 	// DevNodes resolves the IMEX channel device nodes.
 	DevNodes *devnodes.Resolver
+	// BootID is the current boot's, written into every spec so that a
+	// restart after a reboot can tell the earlier boot's specs apart
+	// (RemoveEarlierBoots).
+	BootID string
 }
 
 // Has says whether any of the claim's results for driver lies in a domain
@@ -53,7 +57,7 @@ func Has(driver string, claim *resourceapi.ResourceClaim) bool {
 // annotations the gang controller writes on the claim.
 func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	ref := claim.Namespace + "/" + claim.Name
-	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
+	spec := cdi.ClaimSpec{ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name, BootID: p.BootID}
 	var out []kubeletplugin.Device
 	cdiName := map[string]string{} // pool/device -> CDI device name
 	for _, r := range claim.Status.Allocation.Devices.Results {
@@ -108,6 +112,29 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 // succeeds.
 func (p *Preparer) Unprepare(uid types.UID) error {
 	return p.CDI.Remove(string(uid))
+}
+
+// RemoveEarlierBoots removes the specs an earlier boot wrote. Their claims'
+// pods died with that boot, and a CDI directory that is not tmpfs would keep
+// them forever. Specs without a boot ID (written before specs carried one)
+// are kept: they may serve pods running now, whose containers need the spec
+// again when they restart. Unreadable files are reported, not removed.
+func (p *Preparer) RemoveEarlierBoots(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	specs, listErr := p.CDI.List()
+	for _, s := range specs {
+		if s.BootID == "" || s.BootID == p.BootID {
+			continue
+		}
+		if err := p.CDI.Remove(s.ClaimUID); err != nil {
+			return fmt.Errorf("remove the domain claim spec of an earlier boot: %w", err)
+		}
+		logger.Info("Removed the domain claim spec of an earlier boot", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID, "bootID", s.BootID)
+	}
+	if listErr != nil {
+		logger.Error(listErr, "Some domain claim specs are unreadable; left in place")
+	}
+	return nil
 }
 
 // gangEnv is TESSERA_GANG and TESSERA_GANG_SIZE from a claim's gang

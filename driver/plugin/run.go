@@ -157,7 +157,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, err
 	}
-	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev}
+	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev, BootID: bootID}
+	if err := domains.RemoveEarlierBoots(ctx); err != nil {
+		cancel(err)
+		return nil, err
+	}
 	d := &Driver{shared: shared, claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
 	var server *metricsserver.Server
 	if o.MetricsAddress != "" {
