@@ -14,8 +14,9 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 # go-nvml needs cgo; its headers use deprecated declarations on purpose.
+# grpcnotrace: see the Makefile (the binaries are a third smaller without it).
 RUN CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations \
-    go build -trimpath -ldflags="-s -w" -o /out/ \
+    go build -tags=grpcnotrace -trimpath -ldflags="-s -w" -o /out/ \
     ./cmd/tessera ./cmd/tessera-kubelet-plugin ./cmd/tessera-controller ./cmd/tessera-webhook
 
 FROM gcr.io/distroless/base-debian12

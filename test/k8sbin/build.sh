@@ -14,7 +14,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${TESSERA_CACHE:-$HOME/.cache/tessera}/bin"
-export GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=readonly" CGO_ENABLED=0
+# GOFLAGS is not inherited: Tessera's build tags (Makefile) are not upstream's.
+export GOWORK=off GOFLAGS="-mod=readonly" CGO_ENABLED=0
 
 log() { printf 'k8sbin: %s\n' "$*" >&2; }
 
