@@ -215,7 +215,13 @@ func CounterSetName(g discovery.GPU) string { return g.Name() }
 var notLabel = regexp.MustCompile(`[^a-z0-9]+`)
 
 // PartitionName names a MIG device: gpu-<index>-mig-<profile>-<start>, the
-// profile folded into a DNS label (1g.10gb+me -> 1g10gbme).
+// profile folded by ProfileLabel.
 func PartitionName(g discovery.GPU, profile string, start int) string {
-	return fmt.Sprintf("%s-mig-%s-%d", g.Name(), notLabel.ReplaceAllString(strings.ToLower(profile), ""), start)
+	return fmt.Sprintf("%s-mig-%s-%d", g.Name(), ProfileLabel(profile), start)
+}
+
+// ProfileLabel folds a MIG profile name into what a DNS label may hold
+// (1g.10gb+me -> 1g10gbme), for device and counter names.
+func ProfileLabel(profile string) string {
+	return notLabel.ReplaceAllString(strings.ToLower(profile), "")
 }

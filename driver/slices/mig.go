@@ -33,6 +33,7 @@ const (
 	counterJPEGEngines = "jpeg-engines"
 	counterOFAEngines  = "ofa-engines"
 	counterMemorySlice = "memory-slice-%d"
+	counterInstances   = "instances-%s"
 )
 
 // MIGDevice is the published form of a MIG partition or static MIG device:
@@ -79,7 +80,8 @@ func engines(p mig.Profile) map[string]int {
 
 // consumption is what a device takes from its GPU's counter set: the memory
 // slices it occupies (all of them for the whole GPU) and, for partitions,
-// its engines that the set limits (engineLimits of the GPU).
+// its engines and its profile's instances where the set limits them
+// (counterLimits of the GPU).
 func consumption(d inventory.Device, limits map[string]int) map[string]resourceapi.Counter {
 	out := map[string]resourceapi.Counter{}
 	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
@@ -97,12 +99,15 @@ func consumption(d inventory.Device, limits map[string]int) map[string]resourcea
 			out[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 		}
 	}
+	if name := instanceCounter(d.Profile); limits[name] > 0 {
+		out[name] = one
+	}
 	return out
 }
 
 // counterSets are the GPUs' shared counters: one per memory slice, and the
-// engine limits of engineLimits, so the scheduler refuses exactly the
-// combinations NVML would.
+// engine and instance limits of counterLimits, so the scheduler refuses
+// exactly the combinations NVML would.
 func counterSets(inv *inventory.Inventory) []resourceapi.CounterSet {
 	var out []resourceapi.CounterSet
 	for _, g := range inv.CounterSets {
@@ -110,7 +115,7 @@ func counterSets(inv *inventory.Inventory) []resourceapi.CounterSet {
 		for i := 0; i < g.MIG.MemorySlices; i++ {
 			counters[fmt.Sprintf(counterMemorySlice, i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
 		}
-		for name, n := range engineLimits(g.MIG) {
+		for name, n := range counterLimits(g.MIG) {
 			counters[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 		}
 		out = append(out, resourceapi.CounterSet{Name: inventory.CounterSetName(g), Counters: counters})
@@ -121,6 +126,16 @@ func counterSets(inv *inventory.Inventory) []resourceapi.CounterSet {
 // sideBySide is how many instances of a profile fit on a GPU at once: its
 // non-overlapping placements, capped by the profile's instance count.
 func sideBySide(p mig.Profile) int {
+	n := disjointPlacements(p)
+	if p.MaxInstances > 0 {
+		n = min(n, p.MaxInstances)
+	}
+	return n
+}
+
+// disjointPlacements is the most placements of a profile that do not
+// overlap (earliest end first).
+func disjointPlacements(p mig.Profile) int {
 	end, n := -1, 0
 	pls := append([]mig.Placement(nil), p.Placements...)
 	sort.Slice(pls, func(i, j int) bool { return pls[i].Start+pls[i].Size < pls[j].Start+pls[j].Size })
@@ -130,10 +145,43 @@ func sideBySide(p mig.Profile) int {
 			end = pl.Start + pl.Size
 		}
 	}
-	if p.MaxInstances > 0 {
-		n = min(n, p.MaxInstances)
-	}
 	return n
+}
+
+// counterLimits are the counters a GPU's counter set holds besides its
+// memory slices: engineLimits and instanceLimits.
+func counterLimits(info *mig.Info) map[string]int {
+	limits := engineLimits(info)
+	for name, n := range instanceLimits(info) {
+		limits[name] = n
+	}
+	return limits
+}
+
+// instanceCounter names the counter that caps a profile's instances.
+func instanceCounter(p mig.Profile) string {
+	return fmt.Sprintf(counterInstances, inventory.ProfileLabel(p.Name))
+}
+
+// instanceLimits are the per-profile instance counters: one for each profile
+// whose instance count (NVML's InstanceCount) is below how many of its
+// placements fit side by side, which the memory slices alone would allow.
+// Some GPUs report a profile with more non-overlapping placements than
+// instances (a 1g.20gb on every one of an H100's seven slices, four at
+// most); without the counter the scheduler hands out a fifth that NVML
+// refuses at prepare, leaving the pod stuck on its node. Profiles whose
+// placements already bound them get none: it would never refuse anything.
+func instanceLimits(info *mig.Info) map[string]int {
+	limits := map[string]int{}
+	if info == nil {
+		return limits
+	}
+	for _, p := range info.Profiles {
+		if p.MaxInstances > 0 && p.MaxInstances < disjointPlacements(p) {
+			limits[instanceCounter(p)] = p.MaxInstances
+		}
+	}
+	return limits
 }
 
 // engineLimits are the engine counters a GPU's counter set holds: the

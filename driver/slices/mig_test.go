@@ -365,3 +365,60 @@ func TestLeftOutEngineCountersNeverRefuseAnything(t *testing.T) {
 		})
 	}
 }
+
+// TestNoGPUHoldsMoreInstancesOfAProfileThanNVMLAllows fills one GPU of each
+// MIG fixture with one profile at a time, committing each allocation, and
+// checks the scheduler hands out exactly as many as NVML would create: the
+// most placements that do not overlap, capped by the profile's instance
+// count. Hopper and Blackwell report some profiles (1g.20gb, 1g.23gb+me)
+// with a placement on every memory slice but fewer instances.
+func TestNoGPUHoldsMoreInstancesOfAProfileThanNVMLAllows(t *testing.T) {
+	capped := 0
+	for _, name := range []string{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray"} {
+		p := oneGPU(t, name)
+		p.MIGEnabled = []int{0} // Ampere offers partitions only in MIG mode
+		_, gpus := fixtures.Node(t, p, node)
+		for _, prof := range gpus[0].MIG.Profiles {
+			// The most placements that do not overlap, by trying every subset.
+			disjoint := 0
+			pls := prof.Placements
+			for set := 0; set < 1<<len(pls); set++ {
+				var used uint64
+				n, ok := 0, true
+				for i, pl := range pls {
+					if set&(1<<i) == 0 {
+						continue
+					}
+					mask := uint64(1)<<(pl.Start+pl.Size) - uint64(1)<<pl.Start
+					ok = ok && used&mask == 0
+					used |= mask
+					n++
+				}
+				if ok {
+					disjoint = max(disjoint, n)
+				}
+			}
+			want := min(disjoint, prof.MaxInstances)
+			if want < disjoint {
+				capped++
+			}
+			c, _ := migCluster(t, p, inventory.Pack)
+			got := 0
+			for got <= disjoint {
+				res := allocate(t, c, profileClaim(prof.Name))
+				if res == nil {
+					break
+				}
+				c.Commit(res...)
+				got++
+			}
+			if got != want {
+				t.Errorf("%s: %d instances of %s allocated on one GPU, NVML allows %d (%d placements side by side, instance count %d)",
+					name, got, prof.Name, want, disjoint, prof.MaxInstances)
+			}
+		}
+	}
+	if capped == 0 {
+		t.Error("no fixture has a profile capped by its instance count: the test no longer covers the case it was written for")
+	}
+}

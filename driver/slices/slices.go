@@ -114,7 +114,7 @@ type Options struct {
 // in the inventory's order, then the GPUs' counter sets in their own slices.
 func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourceslice.DriverResources, error) {
 	devices := make([]resourceapi.Device, 0, len(inv.Devices))
-	limits := map[*mig.Info]map[string]int{} // engineLimits, once per GPU
+	limits := map[*mig.Info]map[string]int{} // counterLimits, once per GPU
 	for _, d := range inv.Devices {
 		var dev resourceapi.Device
 		if d.Kind == inventory.Whole {
@@ -127,7 +127,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		if d.Counters != "" {
 			l, ok := limits[d.GPU.MIG]
 			if !ok {
-				l = engineLimits(d.GPU.MIG)
+				l = counterLimits(d.GPU.MIG)
 				limits[d.GPU.MIG] = l
 			}
 			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, l)}}
