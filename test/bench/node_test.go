@@ -168,7 +168,7 @@ const tmpfsMagic = 0x01021994
 
 // checkpointWrites is how many times the plugin has written its checkpoint
 // (the count of tessera_checkpoint_write_duration_seconds).
-func (n *benchNode) checkpointWrites(b *testing.B) float64 {
+func (n *benchNode) checkpointWrites(b *testing.B) writeStats {
 	b.Helper()
 	families, err := n.plugin.Metrics().Gather()
 	if err != nil {
@@ -176,9 +176,14 @@ func (n *benchNode) checkpointWrites(b *testing.B) float64 {
 	}
 	for _, f := range families {
 		if f.GetName() == "tessera_checkpoint_write_duration_seconds" && len(f.GetMetric()) == 1 {
-			return float64(f.GetMetric()[0].GetHistogram().GetSampleCount())
+			h := f.GetMetric()[0].GetHistogram()
+			return writeStats{n: float64(h.GetSampleCount()), seconds: h.GetSampleSum()}
 		}
 	}
 	b.Fatal("the plugin's metrics lack tessera_checkpoint_write_duration_seconds")
-	return 0
+	return writeStats{}
 }
+
+// writeStats are the plugin's checkpoint writes so far: how many, and the
+// seconds spent writing them (each with its fsync).
+type writeStats struct{ n, seconds float64 }

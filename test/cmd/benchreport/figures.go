@@ -48,6 +48,8 @@ var figures = []figure{
 	{"prepare_plugin_cpu_ms_per_claim_c16", "BenchmarkPrepareThroughput", "plugin-cpu-ms/claim-c16", "ms", nil},
 	{"prepare_checkpoint_writes_per_claim_c1", "BenchmarkPrepareThroughput", "checkpoint-writes/claim-c1", "writes", nil},
 	{"prepare_checkpoint_writes_per_claim_c16", "BenchmarkPrepareThroughput", "checkpoint-writes/claim-c16", "writes", nil},
+	{"prepare_checkpoint_busy_c1", "BenchmarkPrepareThroughput", "checkpoint-busy-c1", "share of the time", nil},
+	{"prepare_checkpoint_busy_c16", "BenchmarkPrepareThroughput", "checkpoint-busy-c16", "share of the time", nil},
 	{"allocator_us_per_claim_plain", "BenchmarkAllocatorMIGVsPlain", "us/plain-claim", "us", nil},
 	{"allocator_us_per_claim_mig", "BenchmarkAllocatorMIGVsPlain", "us/mig-claim", "us", nil},
 	{"allocator_mig_vs_plain", "BenchmarkAllocatorMIGVsPlain", "plain/mig", "ratio", bound(">=", 0.3)},
