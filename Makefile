@@ -82,7 +82,7 @@ BENCH_OUT := $(OUTPUT)/bench
 bench: cluster-bins
 	@mkdir -p $(BENCH_OUT) $(OUTPUT)/bin
 	$(GO) build -o $(OUTPUT)/bin/ ./cmd/tessera-kubelet-plugin
-	-$(GO) test -json -run '^$$' -bench 'BenchmarkAllocator' -benchtime 200x ./driver/slices/ > $(BENCH_OUT)/allocator.json
+	-$(GO) test -json -run '^$$' -bench 'BenchmarkAllocator' -benchtime 2000x ./driver/slices/ > $(BENCH_OUT)/allocator.json
 	-TESSERA_PLUGIN_BINARY=$(OUTPUT)/bin/tessera-kubelet-plugin \
 		$(GO) test -json -run '^$$' -bench . -benchtime 3x -timeout 15m ./test/bench/ > $(BENCH_OUT)/plugin.json
 	-TESSERA_E2E_NO_BUILD=1 $(GO) test -json -run '^$$' -bench 'BenchmarkGangPlacement/$(GANG_BENCH)' -benchtime 1x -timeout 30m ./test/e2e/ > $(BENCH_OUT)/gang.json
