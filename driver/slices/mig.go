@@ -108,14 +108,14 @@ func consumption(d inventory.Device, limits map[string]int) map[string]resourcea
 // counterSets are the GPUs' shared counters: one per memory slice, and the
 // engine and instance limits of counterLimits, so the scheduler refuses
 // exactly the combinations NVML would.
-func counterSets(inv *inventory.Inventory) []resourceapi.CounterSet {
+func counterSets(inv *inventory.Inventory, limits limitsByGPU) []resourceapi.CounterSet {
 	var out []resourceapi.CounterSet
 	for _, g := range inv.CounterSets {
 		counters := map[string]resourceapi.Counter{}
 		for i := 0; i < g.MIG.MemorySlices; i++ {
 			counters[fmt.Sprintf(counterMemorySlice, i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
 		}
-		for name, n := range counterLimits(g.MIG) {
+		for name, n := range limits.of(g.MIG) {
 			counters[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
 		}
 		out = append(out, resourceapi.CounterSet{Name: inventory.CounterSetName(g), Counters: counters})
@@ -156,6 +156,19 @@ func counterLimits(info *mig.Info) map[string]int {
 		limits[name] = n
 	}
 	return limits
+}
+
+// limitsByGPU memoizes counterLimits per GPU for one Build: its devices and
+// its counter set need the same limits.
+type limitsByGPU map[*mig.Info]map[string]int
+
+func (l limitsByGPU) of(info *mig.Info) map[string]int {
+	out, ok := l[info]
+	if !ok {
+		out = counterLimits(info)
+		l[info] = out
+	}
+	return out
 }
 
 // instanceCounter names the counter that caps a profile's instances.

@@ -17,7 +17,6 @@ import (
 
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/inventory"
-	"github.com/tessera-dev/tessera/driver/mig"
 )
 
 // DriverName is the DRA driver name Tessera publishes under.
@@ -114,7 +113,7 @@ type Options struct {
 // in the inventory's order, then the GPUs' counter sets in their own slices.
 func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourceslice.DriverResources, error) {
 	devices := make([]resourceapi.Device, 0, len(inv.Devices))
-	limits := map[*mig.Info]map[string]int{} // counterLimits, once per GPU
+	limits := limitsByGPU{} // counterLimits, worked out once per GPU
 	for _, d := range inv.Devices {
 		var dev resourceapi.Device
 		if d.Kind == inventory.Whole {
@@ -125,12 +124,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 			dev = MIGDevice(d)
 		}
 		if d.Counters != "" {
-			l, ok := limits[d.GPU.MIG]
-			if !ok {
-				l = counterLimits(d.GPU.MIG)
-				limits[d.GPU.MIG] = l
-			}
-			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, l)}}
+			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, limits.of(d.GPU.MIG))}}
 		}
 		if t := opts.Taints[d.GPU.Name()]; len(t) > 0 {
 			dev.Taints = t
@@ -141,7 +135,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		devices = append(devices, dev)
 	}
 	out := chunk(devices)
-	for sets := counterSets(inv); len(sets) > 0; {
+	for sets := counterSets(inv, limits); len(sets) > 0; {
 		n := min(MaxCounterSetsPerSlice, len(sets))
 		out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
 		sets = sets[n:]
