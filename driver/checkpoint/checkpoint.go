@@ -111,11 +111,14 @@ type GPUOriginal struct {
 
 // MIGPartition locates a MIG partition on its GPU.
 type MIGPartition struct {
-	GPUUUID    string `json:"gpuUUID"`
-	ProfileID  int    `json:"profileID"`
-	Start      int    `json:"start"`
-	Size       int    `json:"size"`
-	Switchable bool   `json:"switchable,omitempty"`
+	GPUUUID string `json:"gpuUUID"`
+	// ProfileIndex is the profile's GPU_INSTANCE_PROFILE_* index (the
+	// identity mig.Profile.Index gives a profile), stored under the name
+	// every version wrote it with; it was the index then too.
+	ProfileIndex int  `json:"profileID"`
+	Start        int  `json:"start"`
+	Size         int  `json:"size"`
+	Switchable   bool `json:"switchable,omitempty"`
 	// Set once the partition exists:
 	GPUInstance     int    `json:"gpuInstance,omitempty"`
 	ComputeInstance int    `json:"computeInstance,omitempty"`

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tessera-dev/tessera/driver/gpulib"
+	"github.com/tessera-dev/tessera/driver/gpumodel"
 )
 
 // uuidSpace seeds the stable per-node GPU UUIDs.
@@ -70,7 +71,7 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 	if opts.Dir == "" {
 		return nil, fmt.Errorf("fake node %s: no directory for its host files", p.Name)
 	}
-	configs := gpus.Multiple(len(p.GPUs), p.GPU)
+	configs := gpus.Multiple(len(p.GPUs), mockConfig(p.GPU))
 	srv := server.NewServerWithGPUs(p.DriverVersion, "12."+p.DriverVersion, p.CUDADriverVersion, configs...)
 	island := islandOf(p)
 	devs := make([]*server.Device, len(srv.Devices))
@@ -86,7 +87,7 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		completeMIG(d, i, p, log, func() string { return d.UUID })
 		settings[i] = completeSettings(d, i, p, log)
 		if slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0 {
-			if err := createStatic(d, p.MIGInstances[i]); err != nil {
+			if err := createStatic(d, p.GPU.MIG, p.MIGInstances[i]); err != nil {
 				return nil, fmt.Errorf("fake node %s: gpu-%d: %w", p.Name, i, err)
 			}
 		}
@@ -122,7 +123,7 @@ func complete(d *server.Device, i int, p Profile, devs []*server.Device, island 
 		var domain, bus, dev, fn uint32
 		fmt.Sscanf(pl.BusID, "%x:%x:%x.%x", &domain, &bus, &dev, &fn)
 		info.Domain, info.Bus, info.Device = domain, bus, dev
-		info.PciDeviceId = p.GPU.PciDeviceId
+		info.PciDeviceId = p.GPU.PCIDeviceID
 		for j, c := range []byte(pl.BusID) {
 			info.BusId[j] = int8(c)
 		}
@@ -132,10 +133,6 @@ func complete(d *server.Device, i int, p Profile, devs []*server.Device, island 
 		return info, nvml.SUCCESS
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return pl.NUMANode, nvml.SUCCESS }
-	if !p.MIGCapable {
-		d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
-		d.SetMigModeFunc = func(int) (nvml.Return, nvml.Return) { return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED }
-	}
 	myIsland, linked := island[i]
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
 		if !linked || p.NVLinks == 0 {
@@ -201,28 +198,20 @@ func complete(d *server.Device, i int, p Profile, devs []*server.Device, island 
 		copy(info.ClusterUuid[:], u[:])
 		return info, nvml.SUCCESS
 	}
+	lim := powerLimits(p.GPU)
 	d.GetPowerManagementLimitConstraintsFunc = func() (uint32, uint32, nvml.Return) {
-		lim := powerLimits(p.GPU.Name)
 		return lim.min, lim.max, nvml.SUCCESS
 	}
 	d.GetPowerManagementDefaultLimitFunc = func() (uint32, nvml.Return) {
-		return powerLimits(p.GPU.Name).def, nvml.SUCCESS
+		return lim.def, nvml.SUCCESS
 	}
 }
 
 type limits struct{ min, max, def uint32 }
 
-// powerLimits are the boards' published limits in milliwatts.
-func powerLimits(product string) limits {
-	switch product {
-	case "NVIDIA L4":
-		return limits{40000, 72000, 72000}
-	case "NVIDIA A100-SXM4-40GB":
-		return limits{100000, 400000, 400000}
-	case "NVIDIA GB200", "NVIDIA B200 180GB HBM3e":
-		return limits{200000, 1000000, 1000000}
-	}
-	return limits{200000, 700000, 700000}
+// powerLimits are the board's limits in milliwatts, as NVML reports them.
+func powerLimits(m gpumodel.Model) limits {
+	return limits{m.PowerMinW * 1000, m.PowerMaxW * 1000, m.PowerDefaultW * 1000}
 }
 
 func parseClique(s string) (*Fabric, error) {

@@ -83,7 +83,7 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 	if err := writeIMEXChannels(dir, p); err != nil {
 		return err
 	}
-	libDir := filepath.Join(dir, "usr", "lib", "x86_64-linux-gnu")
+	libDir := filepath.Join(dir, p.GPU.LibDir)
 	for _, l := range driverLibs {
 		real := l.base + "." + p.DriverVersion
 		if err := mkfile(filepath.Join(libDir, real), "fake "+real+"\n", 0o644); err != nil {

@@ -6,21 +6,21 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+
+	"github.com/tessera-dev/tessera/driver/gpumodel"
 )
 
-// Profile describes a simulated GPU node: which GPUs go-nvml's mock builds and
-// the topology the mock leaves out. Tests may copy a profile and change its
-// topology (for example split its NVLink islands).
+// Profile describes a simulated GPU node: which GPU model it carries
+// (Tessera's own table, driver/gpumodel) and the node's topology. Tests may
+// copy a profile and change its topology (for example split its NVLink
+// islands).
 type Profile struct {
-	Name              string
-	GPU               gpus.Config
+	Name string
+	// GPU is the board every GPU of the node is; whether it has MIG, and
+	// its MIG table, come from it.
+	GPU               gpumodel.Model
 	DriverVersion     string
 	CUDADriverVersion int
-	// MIGCapable is false for GPUs whose NVML answers "not supported" to MIG
-	// queries (the L4, for one).
-	MIGCapable bool
 	// GPUs lists each GPU's PCI placement, in NVML index order.
 	GPUs []Placement
 	// NVLinkIslands lists groups of GPU indexes joined by NVLink (through
@@ -51,31 +51,6 @@ type Fabric struct {
 	CliqueID    uint32
 }
 
-var gb200 = func() gpus.Config {
-	c := gpus.B200_SXM5_180GB
-	c.Name = "NVIDIA GB200"
-	c.MemoryMB = 189471
-	c.PciDeviceId = 0x294110DE
-	return c
-}()
-
-// a100 drops the mock's "Mock " name prefix: fixtures look like real boards.
-var a100 = func() gpus.Config {
-	c := gpus.A100_SXM4_40GB
-	c.Name = "NVIDIA A100-SXM4-40GB"
-	return c
-}()
-
-var l4 = gpus.Config{
-	Name:         "NVIDIA L4",
-	Architecture: nvml.DEVICE_ARCH_ADA,
-	Brand:        nvml.BRAND_NVIDIA,
-	MemoryMB:     23034,
-	CudaMajor:    8,
-	CudaMinor:    9,
-	PciDeviceId:  0x27B810DE,
-}
-
 // dgxPlacement lays eight GPUs out as DGX systems do: two per PCIe switch,
 // one switch per root complex, four GPUs per CPU socket.
 func dgxPlacement(buses [8]string, roots [4]string) []Placement {
@@ -101,32 +76,32 @@ func all(n int) [][]int {
 
 var profiles = map[string]Profile{
 	"dgx-a100": {
-		Name: "dgx-a100", GPU: a100, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
-		MIGCapable:    true,
-		GPUs:          dgxPlacement([8]string{"07", "0f", "47", "4e", "87", "90", "c7", "ce"}, [4]string{"pci0000:00", "pci0000:40", "pci0000:80", "pci0000:c0"}),
+		Name: "dgx-a100", GPU: gpumodel.A100SXM40GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		GPUs:          dgxPlacement([8]string{"07", "0f", "47", "4e", "87", "90", "b7", "bd"}, [4]string{"pci0000:00", "pci0000:40", "pci0000:80", "pci0000:c0"}),
+		NVLinkIslands: all(8), NVLinks: 12,
+	},
+	"dgx-a100-80gb": {
+		Name: "dgx-a100-80gb", GPU: gpumodel.A100SXM80GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		GPUs:          dgxPlacement([8]string{"07", "0f", "47", "4e", "87", "90", "b7", "bd"}, [4]string{"pci0000:00", "pci0000:40", "pci0000:80", "pci0000:c0"}),
 		NVLinkIslands: all(8), NVLinks: 12,
 	},
 	"dgx-h100": {
-		Name: "dgx-h100", GPU: gpus.H100_SXM5_80GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
-		MIGCapable:    true,
+		Name: "dgx-h100", GPU: gpumodel.H100SXM80GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
 		GPUs:          dgxPlacement([8]string{"18", "2a", "3a", "5d", "9a", "ab", "ba", "db"}, [4]string{"pci0000:15", "pci0000:37", "pci0000:97", "pci0000:b7"}),
 		NVLinkIslands: all(8), NVLinks: 18,
 	},
 	"dgx-h200": {
-		Name: "dgx-h200", GPU: gpus.H200_SXM5_141GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
-		MIGCapable:    true,
+		Name: "dgx-h200", GPU: gpumodel.H200SXM141GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
 		GPUs:          dgxPlacement([8]string{"18", "2a", "3a", "5d", "9a", "ab", "ba", "db"}, [4]string{"pci0000:15", "pci0000:37", "pci0000:97", "pci0000:b7"}),
 		NVLinkIslands: all(8), NVLinks: 18,
 	},
 	"dgx-b200": {
-		Name: "dgx-b200", GPU: gpus.B200_SXM5_180GB, DriverVersion: "570.124.06", CUDADriverVersion: 12080,
-		MIGCapable:    true,
+		Name: "dgx-b200", GPU: gpumodel.B200, DriverVersion: "570.124.06", CUDADriverVersion: 12080,
 		GPUs:          dgxPlacement([8]string{"1b", "43", "52", "61", "9d", "c3", "d1", "df"}, [4]string{"pci0000:15", "pci0000:37", "pci0000:97", "pci0000:b7"}),
 		NVLinkIslands: all(8), NVLinks: 18,
 	},
 	"gb200-nvl72-tray": {
-		Name: "gb200-nvl72-tray", GPU: gb200, DriverVersion: "570.124.06", CUDADriverVersion: 12080,
-		MIGCapable: true,
+		Name: "gb200-nvl72-tray", GPU: gpumodel.GB200, DriverVersion: "570.124.06", CUDADriverVersion: 12080,
 		GPUs: []Placement{
 			{BusID: "0008:01:00.0", PCIeRoot: "pci0008:00", Switch: "pci0008:00-rp", NUMANode: 0},
 			{BusID: "0009:01:00.0", PCIeRoot: "pci0009:00", Switch: "pci0009:00-rp", NUMANode: 0},
@@ -137,7 +112,7 @@ var profiles = map[string]Profile{
 		Fabric: &Fabric{ClusterUUID: "7b2f0c5e-1d4a-4e8b-9c3f-0a6d5e4b3c21", CliqueID: 1},
 	},
 	"pcie-l4x4": {
-		Name: "pcie-l4x4", GPU: l4, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		Name: "pcie-l4x4", GPU: gpumodel.L4, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
 		GPUs: []Placement{
 			{BusID: "0000:01:00.0", PCIeRoot: "pci0000:00", Switch: "pci0000:00-sw0", NUMANode: 0},
 			{BusID: "0000:02:00.0", PCIeRoot: "pci0000:00", Switch: "pci0000:00-sw0", NUMANode: 0},
@@ -174,5 +149,6 @@ func Lookup(name string) (Profile, error) {
 		p.Fabric = &f
 	}
 	p.MIGEnabled = slices.Clone(p.MIGEnabled)
+	p.GPU, _ = gpumodel.Lookup(p.GPU.Key)
 	return p, nil
 }

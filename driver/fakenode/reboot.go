@@ -13,7 +13,7 @@ import (
 // (Profile.MIGInstances) is created again, as boot-time MIG configuration
 // would.
 func (n *Node) Reboot() error {
-	def := powerLimits(n.Profile.GPU.Name).def
+	def := powerLimits(n.Profile.GPU).def
 	for i, dev := range n.Server.Devices {
 		d := dev.(*server.Device)
 		d.Lock()
@@ -25,7 +25,7 @@ func (n *Node) Reboot() error {
 		s.powerMW, s.computeMode = def, nvml.COMPUTEMODE_DEFAULT
 		s.mu.Unlock()
 		if insts := n.Profile.MIGInstances[i]; len(insts) > 0 {
-			if err := createStatic(d, insts); err != nil {
+			if err := createStatic(d, n.Profile.GPU.MIG, insts); err != nil {
 				return fmt.Errorf("fake node %s: gpu-%d: static MIG layout after reboot: %w", n.Profile.Name, i, err)
 			}
 		}

@@ -22,7 +22,7 @@ type settings struct {
 // refused with INVALID_ARGUMENT, like the real call. Changes are logged.
 func completeSettings(d *server.Device, i int, p Profile, log *callLog) *settings {
 	name := fmt.Sprintf("gpu-%d", i)
-	lim := powerLimits(p.GPU.Name)
+	lim := powerLimits(p.GPU)
 	s := &settings{powerMW: lim.def, computeMode: nvml.COMPUTEMODE_DEFAULT}
 	d.GetPowerManagementLimitFunc = func() (uint32, nvml.Return) {
 		s.mu.Lock()

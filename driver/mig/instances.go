@@ -13,21 +13,32 @@ import (
 // Instances lists the GPU's GPU instances (and their first compute
 // instance), sorted by placement. A GPU not in MIG mode has none.
 func Instances(d nvml.Device) ([]Instance, error) {
+	info, err := readProfiles(d)
+	if err != nil {
+		return nil, err
+	}
+	return instances(d, info)
+}
+
+// instances lists the instances of the GPU's profiles, each named by its
+// profile's index (NVML reports an instance's unique profile ID, which is
+// matched back to the profile here and goes no further).
+func instances(d nvml.Device, info *Info) ([]Instance, error) {
 	var out []Instance
-	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
-		p, ret := d.GetGpuInstanceProfileInfo(id)
+	for _, prof := range info.Profiles {
+		p, ret := d.GetGpuInstanceProfileInfo(prof.Index)
 		if ret != nvml.SUCCESS {
-			continue
+			return nil, fmt.Errorf("read MIG profile %s: %w", prof.Name, gpulib.Error(ret))
 		}
 		gis, ret := d.GetGpuInstances(&p)
 		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_STATE {
 			continue
 		}
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("list GPU instances of profile %s: %w", ProfileName(p), gpulib.Error(ret))
+			return nil, fmt.Errorf("list GPU instances of profile %s: %w", prof.Name, gpulib.Error(ret))
 		}
 		for _, gi := range gis {
-			inst, err := describe(d, gi, p)
+			inst, err := describe(d, gi, prof)
 			if err != nil {
 				return nil, err
 			}
@@ -38,17 +49,20 @@ func Instances(d nvml.Device) ([]Instance, error) {
 	return out, nil
 }
 
-func describe(d nvml.Device, gi nvml.GpuInstance, p nvml.GpuInstanceProfileInfo) (Instance, error) {
+func describe(d nvml.Device, gi nvml.GpuInstance, p Profile) (Instance, error) {
 	info, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
 		return Instance{}, fmt.Errorf("read GPU instance: %w", gpulib.Error(ret))
 	}
+	if int(info.ProfileId) != p.NVMLID {
+		return Instance{}, fmt.Errorf("GPU instance %d reports profile ID %d, listed under profile %s (ID %d)", info.Id, info.ProfileId, p.Name, p.NVMLID)
+	}
 	inst := Instance{
-		ProfileID: int(p.Id), Profile: ProfileName(p),
+		ProfileIndex: p.Index, Profile: p.Name,
 		Placement:     Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)},
 		GPUInstanceID: int(info.Id), ComputeInstanceID: -1,
 	}
-	ci, ok, err := firstComputeInstance(gi, int(p.SliceCount))
+	ci, ok, err := firstComputeInstance(gi, p.Slices)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -125,19 +139,37 @@ func migUUID(d nvml.Device, giID, ciID int) (string, error) {
 // ErrOccupied means the placement overlaps an existing GPU instance.
 var ErrOccupied = errors.New("MIG placement is occupied")
 
-// Create makes a GPU instance of the profile at the placement, with one
-// compute instance spanning it, and returns it. The GPU must be in MIG mode.
-func Create(d nvml.Device, profileID int, pl Placement) (Instance, error) {
-	p, ret := d.GetGpuInstanceProfileInfo(profileID)
+// profile reads one profile of the GPU by index.
+func profile(d nvml.Device, index int) (nvml.GpuInstanceProfileInfo, Profile, error) {
+	info, err := readProfiles(d)
+	if err != nil {
+		return nvml.GpuInstanceProfileInfo{}, Profile{}, err
+	}
+	prof, ok := info.ProfileByIndex(index)
+	if !ok {
+		return nvml.GpuInstanceProfileInfo{}, Profile{}, fmt.Errorf("the GPU has no MIG profile of index %d", index)
+	}
+	p, ret := d.GetGpuInstanceProfileInfo(index)
 	if ret != nvml.SUCCESS {
-		return Instance{}, fmt.Errorf("read MIG profile %d: %w", profileID, gpulib.Error(ret))
+		return nvml.GpuInstanceProfileInfo{}, Profile{}, fmt.Errorf("read MIG profile %s: %w", prof.Name, gpulib.Error(ret))
+	}
+	return p, prof, nil
+}
+
+// Create makes a GPU instance of the profile (by index) at the placement,
+// with one compute instance spanning it, and returns it. The GPU must be in
+// MIG mode.
+func Create(d nvml.Device, index int, pl Placement) (Instance, error) {
+	p, prof, err := profile(d, index)
+	if err != nil {
+		return Instance{}, err
 	}
 	gi, ret := d.CreateGpuInstanceWithPlacement(&p, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
 	if ret == nvml.ERROR_INSUFFICIENT_RESOURCES {
-		return Instance{}, fmt.Errorf("create %s at %d: %w", ProfileName(p), pl.Start, ErrOccupied)
+		return Instance{}, fmt.Errorf("create %s at %d: %w", prof.Name, pl.Start, ErrOccupied)
 	}
 	if ret != nvml.SUCCESS {
-		return Instance{}, fmt.Errorf("create GPU instance %s at %d: %w", ProfileName(p), pl.Start, gpulib.Error(ret))
+		return Instance{}, fmt.Errorf("create GPU instance %s at %d: %w", prof.Name, pl.Start, gpulib.Error(ret))
 	}
 	cp, err := fullComputeProfile(gi, int(p.SliceCount))
 	if err == nil {
@@ -152,15 +184,15 @@ func Create(d nvml.Device, profileID int, pl Placement) (Instance, error) {
 		}
 		return Instance{}, err
 	}
-	return describe(d, gi, p)
+	return describe(d, gi, prof)
 }
 
 // Destroy removes the GPU instance at the placement (compute instances
 // first). A placement with no instance is not an error: destroy is idempotent.
-func Destroy(d nvml.Device, profileID int, pl Placement) (bool, error) {
-	p, ret := d.GetGpuInstanceProfileInfo(profileID)
-	if ret != nvml.SUCCESS {
-		return false, fmt.Errorf("read MIG profile %d: %w", profileID, gpulib.Error(ret))
+func Destroy(d nvml.Device, index int, pl Placement) (bool, error) {
+	p, prof, err := profile(d, index)
+	if err != nil {
+		return false, err
 	}
 	gis, ret := d.GetGpuInstances(&p)
 	if ret != nvml.SUCCESS {
@@ -182,12 +214,12 @@ func Destroy(d nvml.Device, profileID int, pl Placement) (bool, error) {
 			cis, _ := gi.GetComputeInstances(&cp)
 			for _, ci := range cis {
 				if ret := ci.Destroy(); ret != nvml.SUCCESS {
-					return false, fmt.Errorf("destroy compute instance of %s at %d: %w", ProfileName(p), pl.Start, gpulib.Error(ret))
+					return false, fmt.Errorf("destroy compute instance of %s at %d: %w", prof.Name, pl.Start, gpulib.Error(ret))
 				}
 			}
 		}
 		if ret := gi.Destroy(); ret != nvml.SUCCESS {
-			return false, fmt.Errorf("destroy GPU instance %s at %d: %w", ProfileName(p), pl.Start, gpulib.Error(ret))
+			return false, fmt.Errorf("destroy GPU instance %s at %d: %w", prof.Name, pl.Start, gpulib.Error(ret))
 		}
 		return true, nil
 	}

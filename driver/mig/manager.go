@@ -42,7 +42,7 @@ func (m *Manager) lock(gpuUUID string) (nvml.Device, func(), error) {
 
 // Create makes a partition, first switching the GPU into MIG mode when it
 // can do so without a reset.
-func (m *Manager) Create(gpuUUID string, switchable bool, profileID int, pl Placement) (Instance, error) {
+func (m *Manager) Create(gpuUUID string, switchable bool, index int, pl Placement) (Instance, error) {
 	d, unlock, err := m.lock(gpuUUID)
 	if err != nil {
 		return Instance{}, err
@@ -60,19 +60,19 @@ func (m *Manager) Create(gpuUUID string, switchable bool, profileID int, pl Plac
 			return Instance{}, err
 		}
 	}
-	return Create(d, profileID, pl)
+	return Create(d, index, pl)
 }
 
 // Destroy removes a partition (idempotently) and, on GPUs that switch without
 // a reset, leaves MIG mode once the last partition is gone so the whole GPU
 // is usable again.
-func (m *Manager) Destroy(gpuUUID string, switchable bool, profileID int, pl Placement) error {
+func (m *Manager) Destroy(gpuUUID string, switchable bool, index int, pl Placement) error {
 	d, unlock, err := m.lock(gpuUUID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if _, err := Destroy(d, profileID, pl); err != nil {
+	if _, err := Destroy(d, index, pl); err != nil {
 		return err
 	}
 	if switchable {

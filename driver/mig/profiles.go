@@ -6,7 +6,6 @@ package mig
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 
@@ -17,8 +16,16 @@ import (
 
 // Profile is one GPU-instance profile a GPU supports, with its valid
 // placements in memory-slice units.
+//
+// A profile's identity is its Index, the GPU_INSTANCE_PROFILE_* value passed
+// to nvmlDeviceGetGpuInstanceProfileInfo: names, device names, counters, the
+// checkpoint and the orphan sweep all use it. NVMLID is the unique profile ID
+// NVML reports back (GpuInstanceProfileInfo.Id, GpuInstanceInfo.ProfileId;
+// H100: 19 for 1g.10gb, 0 for 7g.80gb), kept for display and for matching
+// existing instances to their profile, never as an identity of its own.
 type Profile struct {
-	ID          int    // NVML GPU instance profile ID
+	Index       int
+	NVMLID      int
 	Name        string // e.g. 1g.10gb, 1g.10gb+me
 	Slices      int    // compute slices
 	MemoryBytes int64
@@ -43,7 +50,8 @@ type Info struct {
 
 // Instance is an existing GPU instance with its (first) compute instance.
 type Instance struct {
-	ProfileID         int
+	// ProfileIndex is the instance's profile (Profile.Index).
+	ProfileIndex      int
 	Profile           string
 	Placement         Placement
 	GPUInstanceID     int
@@ -51,9 +59,9 @@ type Instance struct {
 	UUID              string // the MIG device's UUID, MIG-...
 }
 
-// suffix names profile variants the way nvidia-smi does.
-func suffix(id int) string {
-	switch id {
+// suffix names profile variants the way nvidia-smi does, by profile index.
+func suffix(index int) string {
+	switch index {
 	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1:
 		return "+me"
 	case nvml.GPU_INSTANCE_PROFILE_1_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_2_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_4_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_3_SLICE_GFX:
@@ -66,29 +74,49 @@ func suffix(id int) string {
 	return ""
 }
 
-// ProfileName is "<slices>g.<memory GB, rounded up>gb" plus a variant suffix.
-func ProfileName(info nvml.GpuInstanceProfileInfo) string {
-	gb := int(math.Ceil(float64(info.MemorySizeMB) / 1024))
-	return strconv.Itoa(int(info.SliceCount)) + "g." + strconv.Itoa(gb) + "gb" + suffix(int(info.Id))
+// profileName is "<slices>g.<GB>gb" plus the variant suffix of the profile's
+// index. NVIDIA names a profile by its share of the board's nominal memory,
+// not by the memory NVML reports for it (an H200's 1g.18gb reports 16 GiB):
+// GB is the board's nominal size (its total memory in GiB, rounded up)
+// times the profile's share of the memory slices, rounded half up.
+func profileName(index, computeSlices, size, memorySlices int, totalMiB uint64) string {
+	nominal := int((totalMiB + 1023) / 1024)
+	gb := (2*nominal*size + memorySlices) / (2 * memorySlices)
+	return strconv.Itoa(computeSlices) + "g." + strconv.Itoa(gb) + "gb" + suffix(index)
 }
 
 // Read returns the GPU's MIG profiles, placements and existing instances.
 func Read(d nvml.Device) (*Info, error) {
+	info, err := readProfiles(d)
+	if err != nil {
+		return nil, err
+	}
+	existing, err := instances(d, info)
+	if err != nil {
+		return nil, err
+	}
+	info.Existing = existing
+	return info, nil
+}
+
+// readProfiles reads every profile index NVML answers for, with its
+// placements, and names them.
+func readProfiles(d nvml.Device) (*Info, error) {
 	info := &Info{}
-	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
-		p, ret := d.GetGpuInstanceProfileInfo(id)
+	for index := 0; index < nvml.GPU_INSTANCE_PROFILE_COUNT; index++ {
+		p, ret := d.GetGpuInstanceProfileInfo(index)
 		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("read MIG profile %d: %w", id, gpulib.Error(ret))
+			return nil, fmt.Errorf("read MIG profile index %d: %w", index, gpulib.Error(ret))
 		}
 		pls, ret := d.GetGpuInstancePossiblePlacements(&p)
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("read placements of MIG profile %s: %w", ProfileName(p), gpulib.Error(ret))
+			return nil, fmt.Errorf("read placements of MIG profile index %d (ID %d): %w", index, p.Id, gpulib.Error(ret))
 		}
 		prof := Profile{
-			ID: id, Name: ProfileName(p), Slices: int(p.SliceCount), MemoryBytes: int64(p.MemorySizeMB) << 20,
+			Index: index, NVMLID: int(p.Id), Slices: int(p.SliceCount), MemoryBytes: int64(p.MemorySizeMB) << 20,
 			Multiprocessors: int(p.MultiprocessorCount), CopyEngines: int(p.CopyEngineCount), Decoders: int(p.DecoderCount),
 			Encoders: int(p.EncoderCount), JPEGs: int(p.JpegCount), OFAs: int(p.OfaCount),
 			MaxInstances: int(p.InstanceCount),
@@ -101,12 +129,18 @@ func Read(d nvml.Device) (*Info, error) {
 			info.Profiles = append(info.Profiles, prof)
 		}
 	}
-	slices.SortFunc(info.Profiles, func(a, b Profile) int { return a.ID - b.ID })
-	existing, err := Instances(d)
-	if err != nil {
-		return nil, err
+	if len(info.Profiles) == 0 {
+		return info, nil
 	}
-	info.Existing = existing
+	mem, ret := d.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("read GPU memory: %w", gpulib.Error(ret))
+	}
+	for i := range info.Profiles {
+		p := &info.Profiles[i]
+		p.Name = profileName(p.Index, p.Slices, p.Placements[0].Size, info.MemorySlices, mem.Total>>20)
+	}
+	slices.SortFunc(info.Profiles, func(a, b Profile) int { return a.Index - b.Index })
 	return info, nil
 }
 
@@ -114,6 +148,16 @@ func Read(d nvml.Device) (*Info, error) {
 func (i *Info) ProfileByName(name string) (Profile, bool) {
 	for _, p := range i.Profiles {
 		if p.Name == name {
+			return p, true
+		}
+	}
+	return Profile{}, false
+}
+
+// ProfileByIndex finds a profile by its index.
+func (i *Info) ProfileByIndex(index int) (Profile, bool) {
+	for _, p := range i.Profiles {
+		if p.Index == index {
 			return p, true
 		}
 	}

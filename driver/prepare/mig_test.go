@@ -10,13 +10,16 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/mig"
 )
 
-const part = "gpu-0-mig-1g10gb-6" // 1g.10gb (profile 0) at placement 6 on gpu-0
+const part = "gpu-0-mig-1g10gb-6" // 1g.10gb (profile index 0, NVML ID 19) at placement 6 on gpu-0
 
 func TestPrepareCreatesAndUnprepareDestroysAPartition(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
@@ -27,7 +30,7 @@ func TestPrepareCreatesAndUnprepareDestroysAPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"gpu-0 SetMigMode(1)", "gpu-0 CreateGpuInstance(profile=0 start=6)", "gpu-0 CreateComputeInstance(gi=0 profile=0)"}
+	want := []string{"gpu-0 SetMigMode(1)", "gpu-0 CreateGpuInstance(profile=19 start=6)", "gpu-0 CreateComputeInstance(gi=0 profile=0)"}
 	if diff := cmp.Diff(want, e.node.Calls()); diff != "" {
 		t.Errorf("NVML calls at prepare (-want +got):\n%s", diff)
 	}
@@ -51,7 +54,7 @@ func TestPrepareCreatesAndUnprepareDestroysAPartition(t *testing.T) {
 	if err := m.Unprepare(ctx, "uid-infer"); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"gpu-0 DestroyComputeInstance(gi=0 ci=0)", "gpu-0 DestroyGpuInstance(profile=0 start=6)", "gpu-0 SetMigMode(0)"}
+	want = []string{"gpu-0 DestroyComputeInstance(gi=0 ci=0)", "gpu-0 DestroyGpuInstance(profile=19 start=6)", "gpu-0 SetMigMode(0)"}
 	if diff := cmp.Diff(want, e.node.Calls()); diff != "" {
 		t.Errorf("NVML calls at unprepare (-want +got):\n%s", diff)
 	}
@@ -109,27 +112,139 @@ func TestAnInterruptedMIGPrepareIsRolledBack(t *testing.T) {
 	}
 }
 
-func TestOrphanPartitionsAreDestroyedAtStart(t *testing.T) {
+// TestPartitionsTesseraDidNotCreateSurviveARestart: a partition an operator
+// or mig-manager made, on a GPU whose layout Tessera manages (Hopper, dynamic
+// MIG) or on one it does not (Ampere in MIG mode), is never destroyed at
+// start, and a claim for a device overlapping it is refused, not allowed to
+// destroy it.
+func TestPartitionsTesseraDidNotCreateSurviveARestart(t *testing.T) {
+	for _, profile := range []string{"dgx-h100", "dgx-a100"} {
+		t.Run(profile, func(t *testing.T) {
+			p, err := fakenode.Lookup(profile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.MIGEnabled = []int{0, 1, 2, 3, 4, 5, 6, 7} // as an operator leaves an Ampere
+			e := newEnvFrom(t, p, true)
+			ctx := context.Background()
+			if _, err := e.start().Prepare(ctx, claim("kept", "gpu-2-mig-1g"+map[string]string{"dgx-h100": "10gb", "dgx-a100": "5gb"}[profile]+"-6")); err != nil {
+				t.Fatal(err)
+			}
+			// mig-manager makes a 1g at placement 0 behind Tessera's back.
+			if err := e.node.CreateInstance(2, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			e.node.ResetCalls()
+			m := e.start()
+			for _, c := range e.node.Calls() {
+				if strings.Contains(c, "Destroy") {
+					t.Errorf("restart destroyed a partition: %s", c)
+				}
+			}
+			if n := e.node.GPUInstances(2); n != 2 {
+				t.Fatalf("%d instances after restart, want the claim's and the operator's", n)
+			}
+			_, err = m.Prepare(ctx, claim("overlap", "gpu-2-mig-1g"+map[string]string{"dgx-h100": "10gb", "dgx-a100": "5gb"}[profile]+"-0"))
+			if err == nil || !strings.Contains(err.Error(), "occupied") {
+				t.Errorf("prepare over the operator's partition: %v, want occupied", err)
+			}
+			if n := e.node.GPUInstances(2); n != 2 {
+				t.Errorf("%d instances after the refused prepare, want 2", n)
+			}
+		})
+	}
+}
+
+// TestARestartKeepsHeldPartitions: on every faithful model (NVML's unique
+// profile IDs differ from the profile indexes), a restart with partitions
+// held keeps every one of them, and unprepare after the restart destroys
+// exactly its own.
+func TestARestartKeepsHeldPartitions(t *testing.T) {
+	for _, tc := range []struct{ profile, small, large string }{
+		{"dgx-h100", "gpu-1-mig-1g10gb-6", "gpu-1-mig-3g40gb-0"},
+		{"dgx-h200", "gpu-1-mig-1g18gbme-6", "gpu-1-mig-3g71gb-0"},
+		{"dgx-b200", "gpu-1-mig-1g45gb-4", "gpu-1-mig-2g45gb-0"},
+		{"gb200-nvl72-tray", "gpu-1-mig-1g23gb-5", "gpu-1-mig-4g93gb-0"},
+	} {
+		t.Run(tc.profile, func(t *testing.T) {
+			e := newEnv(t, tc.profile)
+			ctx := context.Background()
+			m := e.start()
+			for _, d := range []string{tc.small, tc.large} {
+				if _, err := m.Prepare(ctx, claim(strings.ReplaceAll(d, "-", ""), d)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.node.ResetCalls()
+			m = e.start()
+			if c := e.node.Calls(); len(c) != 0 {
+				t.Errorf("restart changed the GPU: %v", c)
+			}
+			if n := e.node.GPUInstances(1); n != 2 {
+				t.Fatalf("%d partitions after restart, want 2", n)
+			}
+			if err := m.Unprepare(ctx, types.UID("uid-"+strings.ReplaceAll(tc.small, "-", ""))); err != nil {
+				t.Fatal(err)
+			}
+			if n := e.node.GPUInstances(1); n != 1 {
+				t.Errorf("%d partitions after one unprepare, want 1", n)
+			}
+		})
+	}
+}
+
+// TestAdminAccessNeverCreatesOrDestroysAPartition: an admin-access claim on a
+// partition another claim holds observes it (its MIG UUID) and, at
+// unprepare, after a crash mid-prepare, or on a partition nobody holds,
+// creates and destroys nothing.
+func TestAdminAccessNeverCreatesOrDestroysAPartition(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
 	ctx := context.Background()
-	if _, err := e.start().Prepare(ctx, claim("kept", "gpu-2-mig-1g10gb-6")); err != nil {
+	m := e.start()
+	if _, err := m.Prepare(ctx, claim("holder", part)); err != nil {
 		t.Fatal(err)
 	}
-	// A partition nobody recorded (a lost checkpoint, a crash of an older
-	// version, a hand-made one) on a GPU whose MIG layout Tessera owns.
-	if _, err := e.mig.Create(e.gpus[2].UUID, true, 0, mig.Placement{Start: 0, Size: 1}); err != nil {
-		t.Fatal(err)
+	admin := func(name, dev string) *resourceapi.ResourceClaim {
+		c := claim(name, dev)
+		c.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
+		return c
 	}
-	if n := e.node.GPUInstances(2); n != 2 {
-		t.Fatalf("%d instances before restart", n)
-	}
-	e.start()
-	insts, err := e.mig.Instances(e.gpus[2].UUID)
+	e.node.ResetCalls()
+	devs, err := m.Prepare(ctx, admin("monitor", part))
 	if err != nil {
+		t.Fatalf("admin access to a held partition: %v", err)
+	}
+	spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs...)
+	if env := strings.Join(spec.Process.Env, " "); !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=MIG-") {
+		t.Errorf("the monitor does not see the holder's MIG device: %s", env)
+	}
+	if _, err := m.Prepare(ctx, admin("idle", "gpu-5-mig-3g40gb-4")); err != nil {
+		t.Fatalf("admin access to a partition nobody holds: %v", err)
+	}
+	if err := m.Unprepare(ctx, "uid-monitor"); err != nil {
 		t.Fatal(err)
 	}
-	if len(insts) != 1 || insts[0].Placement.Start != 6 {
-		t.Errorf("after restart: %+v, want only the claimed partition at 6", insts)
+	if err := m.Unprepare(ctx, "uid-idle"); err != nil {
+		t.Fatal(err)
+	}
+	// A crash mid-prepare of an admin-access claim is rolled back at start.
+	if _, err := m.Prepare(ctx, admin("crashed", part)); err != nil {
+		t.Fatal(err)
+	}
+	d := load(t, e.dataDir)
+	c := d.Claims["uid-crashed"]
+	c.Phase = checkpoint.PrepareStarted
+	d.Claims["uid-crashed"] = c
+	save(t, e.dataDir, d)
+	e.start()
+	if c := e.node.Calls(); len(c) != 0 {
+		t.Errorf("admin access changed the GPU: %v", c)
+	}
+	if n := e.node.GPUInstances(0); n != 1 {
+		t.Errorf("%d partitions on gpu-0, want the holder's", n)
+	}
+	if n := e.node.GPUInstances(5); n != 0 {
+		t.Errorf("admin access created %d partitions on gpu-5", n)
 	}
 }
 
@@ -157,7 +272,7 @@ func TestStaticMIGDevicesAreInjectedNotCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.MIGInstances = map[int][]fakenode.StaticInstance{3: {{ProfileID: 0, Start: 2}}}
+	p.MIGInstances = map[int][]fakenode.StaticInstance{3: {{Index: 0, Start: 2}}}
 	e := newEnvFrom(t, p, false)
 	m := e.start()
 	e.node.ResetCalls()

@@ -18,7 +18,7 @@ func migRecord(d inventory.Device) *checkpoint.MIGPartition {
 		return nil
 	}
 	return &checkpoint.MIGPartition{
-		GPUUUID: d.GPU.UUID, ProfileID: d.Profile.ID, Start: d.Placement.Start, Size: d.Placement.Size,
+		GPUUUID: d.GPU.UUID, ProfileIndex: d.Profile.Index, Start: d.Placement.Start, Size: d.Placement.Size,
 		Switchable: d.GPU.MIGSwitchable,
 	}
 }
@@ -28,7 +28,7 @@ func (m *Manager) createPartition(rec *checkpoint.MIGPartition) error {
 	if m.cfg.MIG == nil {
 		return fmt.Errorf("MIG partitions are not managed on this node")
 	}
-	inst, err := m.cfg.MIG.Create(rec.GPUUUID, rec.Switchable, rec.ProfileID, mig.Placement{Start: rec.Start, Size: rec.Size})
+	inst, err := m.cfg.MIG.Create(rec.GPUUUID, rec.Switchable, rec.ProfileIndex, mig.Placement{Start: rec.Start, Size: rec.Size})
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
 		if m.cfg.MIG == nil {
 			return fmt.Errorf("device %s has a MIG partition but MIG is not managed on this node", d.Device)
 		}
-		if err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileID, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}); err != nil {
+		if err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileIndex, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}); err != nil {
 			return fmt.Errorf("device %s: destroy MIG partition: %w", d.Device, err)
 		}
 		failpoint(fpMIGDestroy)
@@ -55,17 +55,22 @@ func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
 	return nil
 }
 
-// destroyOrphanPartitions removes, on GPUs whose MIG layout Tessera owns,
-// every partition no checkpointed claim holds.
-func (m *Manager) destroyOrphanPartitions(ctx context.Context, data checkpoint.Data) error {
+// reportForeignPartitions logs, at start, every partition on a dynamic-MIG
+// GPU that no checkpointed claim records. Tessera destroys only partitions
+// it recorded creating (each is written to the checkpoint with its claim's
+// PrepareStarted mark before it exists, and rolled back from there); one it
+// has no record of was made by an operator or mig-manager, or outlived a
+// lost checkpoint, and may be in use: it is left alone, and a claim whose
+// device overlaps it is refused at prepare ("occupied") until it is gone.
+func (m *Manager) reportForeignPartitions(ctx context.Context, data checkpoint.Data) error {
 	if m.cfg.MIG == nil || m.inventory() == nil {
 		return nil
 	}
-	owned := map[string]bool{}
+	ours := map[string]bool{}
 	for _, c := range data.Claims {
 		for _, d := range c.Devices {
 			if d.MIG != nil {
-				owned[fmt.Sprintf("%s/%d/%d", d.MIG.GPUUUID, d.MIG.ProfileID, d.MIG.Start)] = true
+				ours[partitionKey(d.MIG.GPUUUID, d.MIG.ProfileIndex, d.MIG.Start)] = true
 			}
 		}
 	}
@@ -75,14 +80,16 @@ func (m *Manager) destroyOrphanPartitions(ctx context.Context, data checkpoint.D
 			return fmt.Errorf("GPU %s: list MIG instances: %w", g.Name(), err)
 		}
 		for _, in := range insts {
-			if owned[fmt.Sprintf("%s/%d/%d", g.UUID, in.ProfileID, in.Placement.Start)] {
+			if ours[partitionKey(g.UUID, in.ProfileIndex, in.Placement.Start)] {
 				continue
 			}
-			klog.FromContext(ctx).Info("Destroying a MIG instance no prepared claim owns", "gpu", g.Name(), "profile", in.Profile, "placement", in.Placement.Start, "uuid", in.UUID)
-			if err := m.cfg.MIG.Destroy(g.UUID, g.MIGSwitchable, in.ProfileID, in.Placement); err != nil {
-				return fmt.Errorf("GPU %s: destroy orphan MIG instance %s at %d: %w", g.Name(), in.Profile, in.Placement.Start, err)
-			}
+			klog.FromContext(ctx).Info("Leaving alone a MIG instance Tessera has no record of creating; devices overlapping it are refused at prepare until an operator removes it",
+				"gpu", g.Name(), "profile", in.Profile, "placement", in.Placement.Start, "uuid", in.UUID)
 		}
 	}
 	return nil
+}
+
+func partitionKey(gpuUUID string, profileIndex, start int) string {
+	return fmt.Sprintf("%s/%d/%d", gpuUUID, profileIndex, start)
 }

@@ -173,12 +173,17 @@ func (m *Manager) allocatedHere(claim *resourceapi.ResourceClaim) ([]checkpoint.
 		if !ok {
 			return nil, fmt.Errorf("allocated device %s does not exist on node %s; it may have been published by an earlier configuration of the plugin: delete the claim to have it allocated again", r.Device, m.cfg.PoolName)
 		}
+		admin := r.AdminAccess != nil && *r.AdminAccess
 		dev := checkpoint.Device{
 			Requests:    []string{r.Request},
 			Pool:        r.Pool,
 			Device:      r.Device,
-			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
-			MIG:         migRecord(d),
+			AdminAccess: admin,
+		}
+		if !admin {
+			// Admin access observes: it never creates the partition, so it
+			// records none, and nothing can destroy one on its behalf.
+			dev.MIG = migRecord(d)
 		}
 		if r.ShareID != nil {
 			if !d.Share.Shared() {
@@ -298,9 +303,17 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		out[i] = d
 	}
 	defer func() {
-		// out, not the result: an error return clears the result.
+		// out, not the result: an error return clears the result. Only
+		// partitions this call created (their record has the instance's
+		// UUID) are destroyed: one found occupied may be another's.
 		if err != nil {
-			_ = m.destroyPartitions(out)
+			var created []checkpoint.Device
+			for _, d := range out {
+				if d.MIG != nil && d.MIG.UUID != "" {
+					created = append(created, d)
+				}
+			}
+			_ = m.destroyPartitions(created)
 		}
 	}()
 	if err := m.reconcileGPUs(ctx, settingsGPUs(out)); err != nil {
@@ -382,13 +395,16 @@ func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (c
 	envKey := deviceEnv(d.Device) + "_UUID"
 	switch inv.Kind {
 	case inventory.Whole:
-		if inv.Counters != "" && g.MIGSwitchable {
+		if inv.Counters != "" && g.MIGSwitchable && !d.AdminAccess {
 			if err := m.cfg.MIG.ExitMIG(g.UUID); err != nil {
 				return cdi.Device{}, "", fmt.Errorf("use the whole GPU: %w", err)
 			}
 		}
 		return cdi.Device{Name: d.Device, DeviceNodes: []cdi.DeviceNode{parent}, Env: []string{envKey + "=" + g.UUID}}, g.UUID, nil
 	case inventory.Partition:
+		if d.AdminAccess {
+			return m.observePartition(inv, d)
+		}
 		if err := m.createPartition(d.MIG); err != nil {
 			return cdi.Device{}, "", err
 		}
@@ -405,6 +421,33 @@ func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (c
 		}
 		return cdi.Device{Name: d.Device, DeviceNodes: append([]cdi.DeviceNode{parent}, caps...), Env: []string{envKey + "=" + in.UUID}}, in.UUID, nil
 	}
+}
+
+// observePartition gives an admin-access claim the partition as it is now:
+// its capability nodes if it exists (another claim holds it), else only its
+// parent GPU. Nothing is created.
+func (m *Manager) observePartition(inv inventory.Device, d *checkpoint.Device) (cdi.Device, string, error) {
+	g := inv.GPU
+	parent := m.cfg.DevNodes.GPU(g.Minor)
+	envKey := deviceEnv(d.Device) + "_UUID"
+	if m.cfg.MIG == nil {
+		return cdi.Device{}, "", fmt.Errorf("MIG partitions are not managed on this node")
+	}
+	insts, err := m.cfg.MIG.Instances(g.UUID)
+	if err != nil {
+		return cdi.Device{}, "", fmt.Errorf("admin access: list MIG instances: %w", err)
+	}
+	for _, in := range insts {
+		if in.ProfileIndex != inv.Profile.Index || in.Placement.Start != inv.Placement.Start || in.UUID == "" {
+			continue
+		}
+		caps, err := m.cfg.DevNodes.MIG(g.Minor, in.GPUInstanceID, in.ComputeInstanceID)
+		if err != nil {
+			return cdi.Device{}, "", err
+		}
+		return cdi.Device{Name: d.Device, DeviceNodes: append([]cdi.DeviceNode{parent}, caps...), Env: []string{envKey + "=" + in.UUID}}, in.UUID, nil
+	}
+	return cdi.Device{Name: d.Device, DeviceNodes: []cdi.DeviceNode{parent}, Env: []string{envKey + "=" + g.UUID}}, g.UUID, nil
 }
 
 func results(devs []checkpoint.Device) []kubeletplugin.Device {

@@ -24,11 +24,15 @@
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
-//   - A MIG partition is recorded (GPU, profile, placement) with the
+//   - A MIG partition is recorded (GPU, profile index, placement) with the
 //     PrepareStarted mark before it is created, and destroyed before its claim
-//     leaves the checkpoint. At start, partitions on dynamic-MIG GPUs that no
-//     checkpointed claim holds are destroyed, each with a log line: after a
-//     crash or a lost checkpoint nothing leaks.
+//     leaves the checkpoint; a crash at any step is rolled back from that
+//     record. Tessera destroys only partitions it recorded: at start, a
+//     partition no checkpointed claim records (an operator's, mig-manager's,
+//     or one that outlived a lost checkpoint) is logged and left alone, never
+//     destroyed, since a running workload may be using it.
+//   - Admin-access results observe a device and never change it: they create
+//     no partition, destroy none, and touch no GPU setting.
 //   - Named failure points (failpoint_names.go), armed only in builds with
 //     the faultinject tag, let tests kill a prepare or unprepare after each
 //     step and check that a restart converges.
@@ -85,8 +89,8 @@ type Config struct {
 
 // Partitioner creates and destroys MIG partitions (mig.Manager).
 type Partitioner interface {
-	Create(gpuUUID string, switchable bool, profileID int, pl mig.Placement) (mig.Instance, error)
-	Destroy(gpuUUID string, switchable bool, profileID int, pl mig.Placement) error
+	Create(gpuUUID string, switchable bool, index int, pl mig.Placement) (mig.Instance, error)
+	Destroy(gpuUUID string, switchable bool, index int, pl mig.Placement) error
 	ExitMIG(gpuUUID string) error
 	Instances(gpuUUID string) ([]mig.Instance, error)
 }
@@ -171,7 +175,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err := m.removeOrphanSpecs(ctx, data); err != nil {
 		return err
 	}
-	if err := m.destroyOrphanPartitions(ctx, data); err != nil {
+	if err := m.reportForeignPartitions(ctx, data); err != nil {
 		return err
 	}
 	m.data = data
