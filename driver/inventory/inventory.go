@@ -220,8 +220,12 @@ func PartitionName(g discovery.GPU, profile string, start int) string {
 	return fmt.Sprintf("%s-mig-%s-%d", g.Name(), ProfileLabel(profile), start)
 }
 
-// ProfileLabel folds a MIG profile name into what a DNS label may hold
-// (1g.10gb+me -> 1g10gbme), for device and counter names.
+// ProfileLabel folds a MIG profile name into what a DNS label may hold, for
+// device and counter names, keeping every variant apart: 1g.10gb -> 1g10gb,
+// 1g.10gb+me -> 1g10gbme, 1g.10gb-me -> 1g10gbnome, 1g.10gb+me.all ->
+// 1g10gbmeall, 1g.10gb+gfx -> 1g10gbgfx. A name is "<n>g.<m>gb" and a
+// variant suffix; "+" adds to the base and is dropped, "-" takes away and
+// reads "no", so two different names never fold to one label.
 func ProfileLabel(profile string) string {
-	return notLabel.ReplaceAllString(strings.ToLower(profile), "")
+	return notLabel.ReplaceAllString(strings.ReplaceAll(strings.ToLower(profile), "-", "no"), "")
 }

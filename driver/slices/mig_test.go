@@ -2,6 +2,7 @@ package slices_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -9,6 +10,7 @@ import (
 	"github.com/tessera-dev/tessera/deviceclass"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/simulate"
 	"github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/test/fixtures"
@@ -262,7 +264,7 @@ func TestAmpereInMIGModeOffersPartitionsButNotTheWholeGPU(t *testing.T) {
 
 func TestStaticMIGPublishesTheOperatorsDevices(t *testing.T) {
 	p := profile(t, "dgx-a100")
-	p.MIGInstances = map[int][]fakenode.StaticInstance{0: {{ProfileID: 0, Start: 0}, {ProfileID: 0, Start: 1}, {ProfileID: 2, Start: 4}}}
+	p.MIGInstances = map[int][]fakenode.StaticInstance{0: {{Index: 0, Start: 0}, {Index: 0, Start: 1}, {Index: 2, Start: 4}}}
 	sl := publishedWith(t, p, false, inventory.Pack)
 	var migs []resourceapi.Device
 	for _, s := range sl {
@@ -420,5 +422,26 @@ func TestNoGPUHoldsMoreInstancesOfAProfileThanNVMLAllows(t *testing.T) {
 	}
 	if capped == 0 {
 		t.Error("no fixture has a profile capped by its instance count: the test no longer covers the case it was written for")
+	}
+}
+
+// TestPublishingRefusesDuplicateNames: should two MIG profiles of a GPU ever
+// fold to one label, publishing fails with the two names instead of sending
+// the API server two devices (and one instance counter) under one name.
+func TestPublishingRefusesDuplicateNames(t *testing.T) {
+	_, gpus := fixtures.Node(t, oneGPU(t, "dgx-h100"), node)
+	info := *gpus[0].MIG
+	info.Profiles = append([]mig.Profile(nil), info.Profiles...)
+	for i, p := range info.Profiles {
+		if p.Name == "1g.10gb+me" {
+			info.Profiles[i].Name = "1g.10gb.me" // folds onto 1g.10gb+me's label
+			info.Profiles = append(info.Profiles, p)
+			break
+		}
+	}
+	gpus[0].MIG = &info
+	_, err := slices.Build(node, inventory.Build(gpus, inventory.Options{DynamicMIG: true}), slices.Options{})
+	if err == nil || !strings.Contains(err.Error(), "1g.10gb+me") || !strings.Contains(err.Error(), "1g.10gb.me") {
+		t.Fatalf("Build with two profiles folding to one label: err = %v, want one naming both", err)
 	}
 }

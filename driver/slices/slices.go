@@ -112,6 +112,9 @@ type Options struct {
 // Build lays out a node's devices as one pool named after the node: devices
 // in the inventory's order, then the GPUs' counter sets in their own slices.
 func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourceslice.DriverResources, error) {
+	if err := uniqueNames(inv); err != nil {
+		return resourceslice.DriverResources{}, err
+	}
 	devices := make([]resourceapi.Device, 0, len(inv.Devices))
 	limits := limitsByGPU{} // counterLimits, worked out once per GPU
 	for _, d := range inv.Devices {
@@ -145,6 +148,37 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 			nodeName: {Slices: out},
 		},
 	}, nil
+}
+
+// uniqueNames refuses an inventory in which two devices, two counter sets,
+// or two MIG profiles of one GPU (whose labels name its instance counters)
+// would share a name: the API server would reject the slice, or worse, the
+// scheduler would count two things as one.
+func uniqueNames(inv *inventory.Inventory) error {
+	sets := map[string]bool{}
+	for _, g := range inv.CounterSets {
+		name := inventory.CounterSetName(g)
+		if sets[name] {
+			return fmt.Errorf("two counter sets are both named %s", name)
+		}
+		sets[name] = true
+		labels := map[string]string{}
+		for _, p := range g.MIG.Profiles {
+			l := inventory.ProfileLabel(p.Name)
+			if other, dup := labels[l]; dup {
+				return fmt.Errorf("GPU %s: MIG profiles %s and %s both fold to %q, so their devices and counters would share names; this is a bug, please report it with the output of nvidia-smi mig -lgip", g.Name(), other, p.Name, l)
+			}
+			labels[l] = p.Name
+		}
+	}
+	devices := map[string]bool{}
+	for _, d := range inv.Devices {
+		if devices[d.Name] {
+			return fmt.Errorf("two devices of GPU %s are both named %s: a MIG profile name folds onto another's; this is a bug, please report it with the output of nvidia-smi mig -lgip", d.GPU.Name(), d.Name)
+		}
+		devices[d.Name] = true
+	}
+	return nil
 }
 
 // chunk splits devices into slices within the per-slice device limit.
