@@ -27,7 +27,7 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook
 
-.PHONY: all build test oracle unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image
+.PHONY: all build test oracle hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image
 
 all: build
 
@@ -98,6 +98,15 @@ bench: cluster-bins
 	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json
 
 lint: fmt vet staticcheck
+
+# hardware-compare reads this machine's real GPUs through NVML, read only
+# (it changes no GPU setting, MIG mode or partition), and prints every
+# difference from the simulated profile COMPARE stands for. On a machine with
+# NVIDIA GPUs, commit its output as driver/gpumodel/testdata/hardware/<profile>.txt
+# (its first line names the driver version and the date).
+COMPARE ?= dgx-h100
+hardware-compare:
+	$(GO) run ./cmd/tessera inspect --compare $(COMPARE)
 
 # manifests renders the Helm chart (deployments/helm/tessera) with Helm's Go
 # code into the plain manifests; a test fails when they are stale.

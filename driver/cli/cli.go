@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/component-base/featuregate"
 
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
@@ -32,7 +34,7 @@ func NewCommand() *cobra.Command {
 
 func newInspectCommand() *cobra.Command {
 	var node nodeopen.Options
-	var output string
+	var output, compare string
 	gates := features.New()
 	cmd := &cobra.Command{
 		Use:   "inspect",
@@ -47,13 +49,46 @@ func newInspectCommand() *cobra.Command {
 			if err := node.Validate(); err != nil {
 				return err
 			}
+			if compare != "" {
+				return InspectCompare(cmd.Context(), cmd.OutOrStdout(), node, compare)
+			}
 			return Inspect(cmd.Context(), cmd.OutOrStdout(), node, output, gates)
 		},
 	}
 	node.AddFlags(cmd.Flags())
 	gates.AddFlag(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "Output format: yaml or json.")
+	cmd.Flags().StringVar(&compare, "compare", "", fmt.Sprintf("Instead of slices, print every difference between this node's GPUs, read through NVML without changing anything, and a simulated node profile (one of %v): product, memory, power, MIG profiles with their IDs and placements, topology.", fakenode.Profiles()))
 	return cmd
+}
+
+// InspectCompare discovers the node's GPUs (read only: discovery changes no
+// GPU setting) and writes their differences from the named simulated
+// profile, under a header naming the node, its driver and the date.
+func InspectCompare(ctx context.Context, w io.Writer, opts nodeopen.Options, profile string) error {
+	p, err := fakenode.Lookup(profile)
+	if err != nil {
+		return fmt.Errorf("--compare: %w", err)
+	}
+	n, err := opts.Open()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = n.Close() }()
+	gpus, err := discovery.Discover(ctx, n)
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	driver := "unknown"
+	if len(gpus) > 0 {
+		driver = gpus[0].DriverVersion
+	}
+	source := "real NVML"
+	if opts.FakeNode != "" {
+		source = "simulated node " + opts.FakeNode
+	}
+	header := fmt.Sprintf("# tessera inspect --compare %s: %d GPUs of %s, driver %s, %s", profile, len(gpus), source, driver, time.Now().UTC().Format("2006-01-02"))
+	return writeComparison(w, header, Compare(gpus, p))
 }
 
 // Inspect writes the node's slices to w as a YAML stream or a JSON list.

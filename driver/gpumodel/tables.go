@@ -15,7 +15,7 @@ const (
 	srcGB200       = "GB200 nvidia-smi mig -lgip on production boards (NVIDIA/mig-parted issue 227, fixed in PR 228); 189471 MiB and 1200 W in published nvidia-smi outputs (facebookexperimental/triton PR 2023); MIG user guide for the 93/186 GB profile names"
 	srcL4          = "NVIDIA L4 Tensor Core GPU product brief (72 W, 24 GB; no MIG): https://www.nvidia.com/en-us/data-center/l4/"
 	srcH100Lgip    = "H100 80GB HBM3 nvidia-smi mig -lgip (https://jbarrow.ai/field_notes/nvidia-mig/), 81559 MiB on driver 550.54.15 (NVIDIA/nccl issue 1264), power 200/700/700 W (stackhpc/ansible-slurm-appliance issue 975)"
-	srcH200Lgip    = "H200 nvidia-smi mig -lgip (NVIDIA/mig-parted issue 120, 2024-09-04); DGX H200 GPU bus IDs 1b, 43, 52, 61, 9d, c3, d1, df (lspci in easydiffusion/torchruntime issue 24)"
+	srcH200Lgip    = "H200 nvidia-smi mig -lgip (NVIDIA/mig-parted issue 120, 2024-09-04); 143771 MiB and 700 W in published nvidia-smi outputs; device 10de:2335 (NVIDIA/mig-parted issue 120)"
 	srcB200Lgip    = "B200 nvidia-smi mig -lgip (NVIDIA/mig-parted PR 187 and NVIDIA/gpu-operator PR 1351, March 2025); 183359 MiB and 1000 W (NVIDIA/TensorRT-LLM issue 10278, driver 580.95.05)"
 )
 
