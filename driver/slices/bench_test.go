@@ -18,7 +18,7 @@ import (
 
 // BenchmarkAllocatorMIGVsPlain times the real allocator placing one claim on
 // a DGX H100 published as whole GPUs and, in the same run, published with
-// dynamic MIG (a 1g.10gb claim against 232 partitionable devices), and
+// dynamic MIG (a 1g.10gb claim against 208 partitionable devices), and
 // reports both and their ratio (plain/mig: 1 means MIG costs nothing extra).
 func BenchmarkAllocatorMIGVsPlain(b *testing.B) {
 	t := &testing.T{}

@@ -179,11 +179,12 @@ func instanceCounter(p mig.Profile) string {
 // instanceLimits are the per-profile instance counters: one for each profile
 // whose instance count (NVML's InstanceCount) is below how many of its
 // placements fit side by side, which the memory slices alone would allow.
-// Some GPUs report a profile with more non-overlapping placements than
-// instances (a 1g.20gb on every one of an H100's seven slices, four at
-// most); without the counter the scheduler hands out a fifth that NVML
-// refuses at prepare, leaving the pod stuck on its node. Profiles whose
-// placements already bound them get none: it would never refuse anything.
+// Every MIG board reports its +me profile (1g.10gb+me on an H100) at seven
+// placements with one instance, the one OFA engine; without a cap the
+// scheduler would hand out a second that NVML refuses at prepare, leaving
+// the pod stuck on its node (here the OFA engine counter already binds the
+// same way). Profiles whose placements already bound them get none: it would
+// never refuse anything.
 func instanceLimits(info *mig.Info) map[string]int {
 	limits := map[string]int{}
 	if info == nil {

@@ -372,11 +372,11 @@ func TestLeftOutEngineCountersNeverRefuseAnything(t *testing.T) {
 // MIG fixture with one profile at a time, committing each allocation, and
 // checks the scheduler hands out exactly as many as NVML would create: the
 // most placements that do not overlap, capped by the profile's instance
-// count. Hopper and Blackwell report some profiles (1g.20gb, 1g.23gb+me)
-// with a placement on every memory slice but fewer instances.
+// count. Every board reports its +me profile (one OFA engine) at seven
+// placements but one instance.
 func TestNoGPUHoldsMoreInstancesOfAProfileThanNVMLAllows(t *testing.T) {
 	capped := 0
-	for _, name := range []string{"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray"} {
+	for _, name := range []string{"dgx-a100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray"} {
 		p := oneGPU(t, name)
 		p.MIGEnabled = []int{0} // Ampere offers partitions only in MIG mode
 		_, gpus := fixtures.Node(t, p, node)
