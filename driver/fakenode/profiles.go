@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strings"
 
-
 	"github.com/tessera-dev/tessera/driver/gpumodel"
 )
 

@@ -24,7 +24,7 @@ type Model struct {
 	Brand        nvml.BrandType
 	// MemoryMiB is the framebuffer total NVML reports (nvidia-smi's
 	// "FB Memory Usage: Total"), not the marketing size.
-	MemoryMiB           uint64
+	MemoryMiB            uint64
 	CUDAMajor, CUDAMinor int
 	// PCIDeviceID is NVML's combined device and vendor ID (0x233010DE).
 	PCIDeviceID uint32
