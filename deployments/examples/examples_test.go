@@ -95,12 +95,12 @@ var fits = map[string][]string{
 	"mig/h100-3g.yaml":       {"dgx-h100"},
 	"mig/2g-or-l4.yaml":      {"dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
 	"sharing/power-cap.yaml": {"dgx-h100"},
-	"sharing/mps.yaml":       {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/mps.yaml":       {"dgx-a100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
 	// Shared classes select only GPUs an operator shares: every node here
 	// shares GPU 0 by time and GPU 1 by memory (sharedNode).
-	"sharing/time-slices.yaml":               {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
-	"sharing/memory-share.yaml":              {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
-	"sharing/time-slicing-shared-claim.yaml": {"dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/time-slices.yaml":               {"dgx-a100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/memory-share.yaml":              {"dgx-a100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
+	"sharing/time-slicing-shared-claim.yaml": {"dgx-a100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "pcie-l4x4"},
 }
 
 // sharedNode shares GPU 0 in four time slices and GPU 1 by memory.
