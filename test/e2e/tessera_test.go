@@ -327,8 +327,10 @@ var (
 // GPUs (fake nodes load nvidia-uvm).
 var controlNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
-// driverMount is one of the driver files every GPU container gets.
-const driverMount = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+// driverMounts are where one of the driver files every GPU container gets
+// lies: the host's library directory, x86_64 on DGX systems and aarch64 on
+// GB200 trays.
+var driverMounts = []string{"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"}
 
 // deviceNodes returns the container's device node paths matching re.
 func deviceNodes(rc cluster.RecordedContainer, re *regexp.Regexp) []string {
@@ -375,12 +377,12 @@ func checkCommon(t testing.TB, rc cluster.RecordedContainer) {
 			t.Errorf("container of pod %s lacks control node %s; it has %v", rc.PodName, want, all)
 		}
 	}
-	if !slices.ContainsFunc(rc.Spec.Mounts, func(m specs.Mount) bool { return m.Destination == driverMount }) {
+	if !slices.ContainsFunc(rc.Spec.Mounts, func(m specs.Mount) bool { return slices.Contains(driverMounts, m.Destination) }) {
 		var mounts []string
 		for _, m := range rc.Spec.Mounts {
 			mounts = append(mounts, m.Destination)
 		}
-		t.Errorf("container of pod %s lacks the driver mount %s; mounts: %v", rc.PodName, driverMount, mounts)
+		t.Errorf("container of pod %s lacks the driver mount (one of %v); mounts: %v", rc.PodName, driverMounts, mounts)
 	}
 }
 
