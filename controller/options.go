@@ -2,11 +2,12 @@ package controller
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/tessera-dev/tessera/metricsserver"
 )
 
 // Options are tessera-controller's settings.
@@ -26,8 +27,9 @@ type Options struct {
 	// back and placed again.
 	UnschedulableGrace time.Duration
 
-	// MetricsAddress serves /metrics and /healthz; empty serves nothing.
-	MetricsAddress string
+	// Addresses are where /metrics and /healthz are served
+	// (--metrics-address, --health-address).
+	metricsserver.Addresses
 
 	// LeaderElect runs the controller only while it holds the Lease
 	// LeaseNamespace/LeaseName.
@@ -51,7 +53,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TopologyKey, "topology-key", "", "Node label whose values are gang domains (e.g. a rack label such as topology.kubernetes.io/rack), besides the NVLink cliques; empty for cliques only.")
 	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
 	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile) before the gang is evicted and placed again.")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", "", "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing.")
+	o.Addresses.AddFlags(fs)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
 	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
 	fs.StringVar(&o.LeaseName, "leader-elect-name", "tessera-controller", "Name of the leader Lease.")
@@ -71,10 +73,8 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
-	if o.MetricsAddress != "" {
-		if _, _, err := net.SplitHostPort(o.MetricsAddress); err != nil {
-			return fmt.Errorf("--metrics-address %q: want host:port or empty for none: %w", o.MetricsAddress, err)
-		}
+	if err := o.Addresses.Validate(); err != nil {
+		return err
 	}
 	if o.LeaderElect && (o.LeaseNamespace == "" || o.LeaseName == "") {
 		return fmt.Errorf("--leader-elect needs --leader-elect-namespace and --leader-elect-name")

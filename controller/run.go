@@ -54,13 +54,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if o.MetricsAddress != "" {
-		srv, err := metricsserver.Start(ctx, "--metrics-address", o.MetricsAddress, reg, func() error { return context.Cause(ctx) })
-		if err != nil {
-			return err
-		}
-		defer srv.Stop()
+	srv, err := metricsserver.Start(ctx, o.Addresses, reg, func() error { return context.Cause(ctx) })
+	if err != nil {
+		return err
 	}
+	defer srv.Stop()
 	lead := func(ctx context.Context) error {
 		return runLeading(ctx, o, client, dyn, metrics)
 	}

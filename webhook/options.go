@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/spf13/pflag"
+
+	"github.com/tessera-dev/tessera/metricsserver"
 )
 
 // Options are the webhook server's settings, from flags with environment
@@ -20,9 +22,9 @@ type Options struct {
 	// PEM. They are read again when they change.
 	TLSCertFile       string
 	TLSPrivateKeyFile string
-	// MetricsAddress is where /metrics and /healthz are served over plain
-	// HTTP (host:port); empty serves nothing.
-	MetricsAddress string
+	// Addresses are where /metrics and /healthz are served over plain HTTP
+	// (--metrics-address, --health-address).
+	metricsserver.Addresses
 
 	envErr error // an unparsable environment fallback, reported by Validate
 }
@@ -41,7 +43,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Port, "port", port, "HTTPS port to serve admission reviews on, at path "+Path+" (liveness at /healthz). Environment: PORT.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", env("TLS_CERT_FILE", ""), "Serving certificate (PEM; the chain after the leaf), e.g. tls.crt of a kubernetes.io/tls Secret that cert-manager renews. Read again when it changes; no restart needed. Environment: TLS_CERT_FILE.")
 	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", env("TLS_PRIVATE_KEY_FILE", ""), "Key of the serving certificate (PEM), e.g. tls.key of the same Secret. Environment: TLS_PRIVATE_KEY_FILE.")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", env("METRICS_ADDRESS", ""), "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz over plain HTTP; empty serves nothing. Environment: METRICS_ADDRESS.")
+	o.Addresses.AddFlags(fs)
 }
 
 // Validate checks the options before anything starts.
@@ -58,12 +60,7 @@ func (o *Options) Validate() error {
 	if o.TLSCertFile == "" || o.TLSPrivateKeyFile == "" {
 		return fmt.Errorf("--tls-cert-file and --tls-private-key-file are required: the API server only calls webhooks over HTTPS; mount a kubernetes.io/tls Secret (from cert-manager or made by hand) and point them at its tls.crt and tls.key")
 	}
-	if o.MetricsAddress != "" {
-		if _, _, err := net.SplitHostPort(o.MetricsAddress); err != nil {
-			return fmt.Errorf("--metrics-address %q: want host:port (\":8080\", \"127.0.0.1:8080\") or empty for none: %w", o.MetricsAddress, err)
-		}
-	}
-	return nil
+	return o.Addresses.Validate()
 }
 
 func env(key, def string) string {

@@ -34,7 +34,8 @@ func TestBinaryExitsCleanlyOnSIGTERM(t *testing.T) {
 	reg := filepath.Join(dir, "reg")
 	data := filepath.Join(dir, "data")
 	_ = os.MkdirAll(reg, 0o755)
-	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--fake-node", "pcie-l4x4",
+	// Metrics on a free loopback port: the default port may be taken here.
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--fake-node", "pcie-l4x4", "--metrics-address", "127.0.0.1:0",
 		"--cdi-root", filepath.Join(dir, "cdi"), "--plugin-data-dir", data, "--registrar-dir", reg, "--boot-id-file", bootID)
 	cmd.Env = append(os.Environ(), "NODE_NAME=node-sig", "FAKE_ROOT="+filepath.Join(dir, "host"))
 	var out strings.Builder

@@ -25,12 +25,10 @@ func run(ctx context.Context, o webhook.Options) error {
 		return err
 	}
 	defer srv.Stop()
-	if o.MetricsAddress != "" {
-		ms, err := metricsserver.Start(ctx, "--metrics-address", o.MetricsAddress, reg, srv.Err)
-		if err != nil {
-			return err
-		}
-		defer ms.Stop()
+	ms, err := metricsserver.Start(ctx, o.Addresses, reg, srv.Err)
+	if err != nil {
+		return err
 	}
+	defer ms.Stop()
 	return component.Wait(ctx, srv.Done(), srv.Err)
 }

@@ -32,7 +32,7 @@ func Combinations() []Combination {
 		}},
 		{Name: "webhook-secret", Release: Release{Name: "tessera", Namespace: "tessera-tls"}, Values: map[string]any{
 			"namespace": map[string]any{"create": true},
-			"webhook": map[string]any{"enabled": true, "replicas": 2,
+			"webhook": map[string]any{"enabled": true, "replicas": 2, "metricsBindAddress": "::",
 				"tls": map[string]any{"secretName": "my-webhook-cert", "caBundle": testCABundle}},
 		}},
 		{Name: "sharing-fake-node-no-controller", Release: Release{Name: "demo", Namespace: "tessera-demo"}, Values: map[string]any{
@@ -53,7 +53,7 @@ func Combinations() []Combination {
 		}},
 		{Name: "controller-topology", Release: Release{Name: "tessera", Namespace: "tessera-topology"}, Values: map[string]any{
 			"controller": map[string]any{"replicas": 2, "topologyKey": "topology.kubernetes.io/rack", "domainChannels": 4,
-				"extraArgs": []any{"--leader-elect-lease-duration=20s"}},
+				"extraArgs": []any{"--leader-elect-lease-duration=20s"}, "metricsBindAddress": "0.0.0.0"},
 		}},
 	}
 }

@@ -3,6 +3,7 @@ package helm
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -123,7 +124,8 @@ func fieldRefs(ctr corev1.Container) map[string]string {
 // arguments parse and validate with the plugin's own flags; node name, pod
 // UID and namespace come from the downward API; every directory the plugin
 // writes or the kubelet and container runtime read is a host path mounted at
-// the same path; updates surge; the liveness probe reaches the metrics port.
+// the same path; updates surge; the liveness probe reaches --health-address
+// and /metrics stays on the pod's loopback.
 func TestDaemonSetRunsThePlugin(t *testing.T) {
 	for _, c := range Combinations() {
 		ds := one(t, c.Name, find[*appsv1.DaemonSet](renderT(t, c)))
@@ -152,7 +154,8 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 			u.RollingUpdate.MaxSurge.String() != "1" || u.RollingUpdate.MaxUnavailable.String() != "0" {
 			t.Errorf("%s: update strategy %+v, want a rolling update with maxSurge 1, maxUnavailable 0", c.Name, u)
 		}
-		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.HealthAddress)
+		checkMetrics(t, c.Name, ctr, o.MetricsAddress, componentValue(c.Values, "kubeletPlugin", "metricsBindAddress"))
 		if ctr.SecurityContext == nil || ctr.SecurityContext.Privileged == nil || !*ctr.SecurityContext.Privileged {
 			t.Errorf("%s: the plugin is not privileged (NVML, MIG)", c.Name)
 		}
@@ -179,12 +182,16 @@ func mountedFromHost(pod corev1.PodSpec, ctr corev1.Container, dir string) bool 
 }
 
 // checkProbe checks that probe asks /healthz on the port of address
-// (host:port).
+// (host:port), and that address listens where the kubelet's probe reaches
+// it: on the pod's IP, not its loopback.
 func checkProbe(t *testing.T, combo string, ctr corev1.Container, probe *corev1.Probe, address string) {
 	t.Helper()
 	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/healthz" {
 		t.Errorf("%s: %s: probe %+v, want GET /healthz", combo, ctr.Name, probe)
 		return
+	}
+	if host, _, err := net.SplitHostPort(address); err != nil || isLoopback(host) {
+		t.Errorf("%s: %s: /healthz is served at %q, where the kubelet's probe cannot reach it", combo, ctr.Name, address)
 	}
 	port := probe.HTTPGet.Port.IntValue()
 	for _, p := range ctr.Ports {
@@ -197,9 +204,44 @@ func checkProbe(t *testing.T, combo string, ctr corev1.Container, probe *corev1.
 	}
 }
 
+// checkMetrics checks that /metrics listens on the pod's loopback, or on
+// bindAddress where the values set metricsBindAddress, and that the
+// container declares a metrics port exactly when /metrics is reachable from
+// outside the pod.
+func checkMetrics(t *testing.T, combo string, ctr corev1.Container, address string, bindAddress any) {
+	t.Helper()
+	want := "127.0.0.1"
+	if bindAddress != nil {
+		want = fmt.Sprint(bindAddress)
+	}
+	host, port, err := net.SplitHostPort(address)
+	if err != nil || host != want {
+		t.Errorf("%s: %s: /metrics is served at %q, want host %s", combo, ctr.Name, address, want)
+		return
+	}
+	declared := slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == "metrics" && strconv.Itoa(int(p.ContainerPort)) == port
+	})
+	if declared == isLoopback(host) {
+		t.Errorf("%s: %s: /metrics at %q, container ports %+v: want a port named metrics exactly when it is reachable from outside the pod", combo, ctr.Name, address, ctr.Ports)
+	}
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// componentValue is values[component][key], or nil.
+func componentValue(values map[string]any, component, key string) any {
+	c, _ := values[component].(map[string]any)
+	return c[key]
+}
+
 // TestControllerRunsWithLeaderElection: the controller's arguments parse
 // and validate with its own flags, leader election is on, the Lease is in
-// the release namespace, and the liveness probe reaches its metrics port.
+// the release namespace, the liveness probe reaches --health-address and
+// /metrics stays on the pod's loopback unless the values open it.
 func TestControllerRunsWithLeaderElection(t *testing.T) {
 	for _, c := range Combinations() {
 		for _, d := range find[*appsv1.Deployment](renderT(t, c)) {
@@ -215,7 +257,8 @@ func TestControllerRunsWithLeaderElection(t *testing.T) {
 			if got := fieldRefs(ctr)["POD_NAMESPACE"]; got != "metadata.namespace" {
 				t.Errorf("%s: POD_NAMESPACE from %q, want metadata.namespace (the Lease's namespace, where its Role is)", c.Name, got)
 			}
-			checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+			checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.HealthAddress)
+			checkMetrics(t, c.Name, ctr, o.MetricsAddress, componentValue(c.Values, "controller", "metricsBindAddress"))
 		}
 	}
 }
@@ -263,7 +306,8 @@ func TestWebhookIsReachable(t *testing.T) {
 				t.Errorf("%s: webhook %s calls %+v, not the Service %s/%s at %s", c.Name, w.Name, s, svc.Namespace, svc.Name, webhook.Path)
 			}
 		}
-		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.MetricsAddress)
+		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.HealthAddress)
+		checkMetrics(t, c.Name, ctr, o.MetricsAddress, componentValue(c.Values, "webhook", "metricsBindAddress"))
 		checkWebhookCA(t, c, r, vwc, svc, secret)
 	}
 }

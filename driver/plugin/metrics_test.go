@@ -123,7 +123,8 @@ func TestMetricsAddressMustBeHostPort(t *testing.T) {
 		addr string
 		ok   bool
 	}{{"", true}, {":8080", true}, {"127.0.0.1:9400", true}, {"8080", false}, {"localhost", false}} {
-		o := plugin.Options{CDIRoot: "/c", PluginDataDir: "/p", RegistrarDir: "/r", KubeAPIQPS: 1, KubeAPIBurst: 1, MetricsAddress: tc.addr}
+		o := plugin.Options{CDIRoot: "/c", PluginDataDir: "/p", RegistrarDir: "/r", KubeAPIQPS: 1, KubeAPIBurst: 1}
+		o.MetricsAddress = tc.addr
 		o.Node.NodeName = nodeName
 		o.Node.FakeNode = "pcie-l4x4"
 		err := o.Validate()

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/sharing"
 	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/metricsserver"
 )
 
 // Options are the kubelet plugin's settings, from flags with environment
@@ -34,9 +34,9 @@ type Options struct {
 	// PodUID enables the kubelet's rolling-update mode (two plugin pods
 	// serving side by side during a DaemonSet update).
 	PodUID string
-	// MetricsAddress is where /metrics and /healthz are served (host:port);
-	// empty serves nothing.
-	MetricsAddress string
+	// Addresses are where /metrics and /healthz are served
+	// (--metrics-address, --health-address).
+	metricsserver.Addresses
 
 	// TimeSlicedGPUs and MemorySharedGPUs choose the GPUs independent
 	// claims share (package sharing); Sharing is what they parse to.
@@ -75,7 +75,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		o.FeatureGates = features.New()
 	}
 	o.FeatureGates.AddFlag(fs)
-	fs.StringVar(&o.MetricsAddress, "metrics-address", env("METRICS_ADDRESS", ""), "Address (host:port) to serve Prometheus metrics at /metrics and liveness at /healthz; empty serves nothing. Use a loopback or pod-network address (\"127.0.0.1:8080\", \":8080\" listens on every interface). Environment: METRICS_ADDRESS.")
+	o.Addresses.AddFlags(fs)
 	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side, calls are serialised across them by a file lock and each starts from the checkpoint on disk. Environment: POD_UID.")
 }
 
@@ -89,10 +89,8 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("%s %q: want an absolute directory path", flag, dir)
 		}
 	}
-	if o.MetricsAddress != "" {
-		if _, _, err := net.SplitHostPort(o.MetricsAddress); err != nil {
-			return fmt.Errorf("--metrics-address %q: want host:port (\":8080\", \"127.0.0.1:8080\") or empty for none: %w", o.MetricsAddress, err)
-		}
+	if err := o.Addresses.Validate(); err != nil {
+		return err
 	}
 	if err := o.Sharing.ParseTimeSliced(o.TimeSlicedGPUs); err != nil {
 		return err

@@ -42,7 +42,8 @@ type Plugin struct {
 	stopHealth context.CancelFunc
 	background sync.WaitGroup
 	metrics    *prometheus.Registry
-	// server serves the metrics; nil when --metrics-address is empty.
+	// server serves the metrics and liveness; nil when --metrics-address
+	// and --health-address are empty.
 	server *metricsserver.Server
 	// mps runs MPS daemons; nil without --mps-image.
 	mps *mps.Daemons
@@ -163,13 +164,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	d := &Driver{shared: shared, claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
-	var server *metricsserver.Server
-	if o.MetricsAddress != "" {
-		alive := func() error { return context.Cause(ctx) }
-		if server, err = metricsserver.Start(ctx, "--metrics-address", o.MetricsAddress, metrics, alive); err != nil {
-			cancel(err)
-			return nil, err
-		}
+	alive := func() error { return context.Cause(ctx) }
+	server, err := metricsserver.Start(ctx, o.Addresses, metrics, alive)
+	if err != nil {
+		cancel(err)
+		return nil, err
 	}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(slices.DriverName),

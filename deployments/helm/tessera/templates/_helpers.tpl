@@ -42,6 +42,22 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.kubeletPlugin
 /var/lib/kubelet/plugins/gpu.tessera.dev
 {{- end }}
 
+{{/*
+A component's --metrics-address from its values: metricsBindAddress (an IPv6
+address in brackets) and metricsPort.
+*/}}
+{{- define "tessera.metricsAddress" -}}
+{{- if contains ":" .metricsBindAddress }}[{{ .metricsBindAddress }}]{{ else }}{{ .metricsBindAddress }}{{ end }}:{{ .metricsPort }}
+{{- end }}
+
+{{/*
+"true" when a component's /metrics is reachable from outside its pod (its
+metricsBindAddress is not a loopback address), so the pod declares the port.
+*/}}
+{{- define "tessera.metricsOpen" -}}
+{{- if not (or (hasPrefix "127." .metricsBindAddress) (eq .metricsBindAddress "::1") (eq .metricsBindAddress "localhost")) }}true{{ end }}
+{{- end }}
+
 {{/* The webhook's Service (and Certificate) name. */}}
 {{- define "tessera.webhook.name" -}}
 tessera-webhook
