@@ -21,6 +21,9 @@
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
 //     per-claim lock.
+//   - A corrupted checkpoint, found at start or by a rolling update's
+//     reload, is moved aside and rebuilt from the CDI specs of this boot;
+//     the rebuilt file is written before the node-wide lock is released.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
@@ -129,16 +132,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 // recover loads the checkpoint and settles whatever a crash left half done.
 func (m *Manager) recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	data, err := m.cfg.Checkpoint.Load()
-	switch {
-	case errors.Is(err, checkpoint.ErrCorrupt):
-		moved, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
-		logger.Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "movedTo", moved, "moveErr", qerr)
-		data, err = m.rebuildFromCDI(ctx)
-		if err != nil {
-			return err
-		}
-	case err != nil:
+	data, _, err := m.loadOrRebuild(ctx)
+	if err != nil {
 		return err
 	}
 	if data.BootID != "" && data.BootID != m.cfg.BootID {
@@ -189,6 +184,21 @@ func (m *Manager) recover(ctx context.Context) error {
 		return fmt.Errorf("restore GPU settings: %w", err)
 	}
 	return nil
+}
+
+// loadOrRebuild loads the checkpoint. A corrupted one is moved aside (kept
+// for a post-mortem) and rebuilt from the CDI specs on disk, and rebuilt
+// says so: the caller must write the rebuilt state before anyone else reads
+// the checkpoint, which is now missing.
+func (m *Manager) loadOrRebuild(ctx context.Context) (data checkpoint.Data, rebuilt bool, err error) {
+	data, err = m.cfg.Checkpoint.Load()
+	if !errors.Is(err, checkpoint.ErrCorrupt) {
+		return data, false, err
+	}
+	moved, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
+	klog.FromContext(ctx).Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "movedTo", moved, "moveErr", qerr)
+	data, err = m.rebuildFromCDI(ctx)
+	return data, true, err
 }
 
 // ownersOf lists the exclusive holder of each held device.
@@ -258,13 +268,21 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 // plugin instances serve side by side during a rolling update: the kubelet
 // may prepare a claim through one and unprepare it through the other, so in
 // that mode every call starts from what is on disk (under a lock shared by
-// both instances) instead of from this process's memory.
-func (m *Manager) Reload() error {
+// both instances) instead of from this process's memory. A corrupted
+// checkpoint is rebuilt from the CDI specs as at start (loadOrRebuild) and
+// written back at once, still under that lock, so the other instance's next
+// call reloads the rebuilt file rather than an empty one.
+func (m *Manager) Reload(ctx context.Context) error {
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
-	data, err := m.cfg.Checkpoint.Load()
+	data, rebuilt, err := m.loadOrRebuild(ctx)
 	if err != nil {
 		return fmt.Errorf("reload prepared claims: %w", err)
+	}
+	if rebuilt {
+		if err := m.cfg.Checkpoint.Save(data); err != nil {
+			return fmt.Errorf("reload prepared claims: write the rebuilt checkpoint: %w", err)
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
