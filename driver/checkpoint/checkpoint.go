@@ -62,6 +62,9 @@ type Claim struct {
 	// MPS is the claim's MPS control daemon, recorded with the
 	// PrepareStarted mark before it is started.
 	MPS *MPSDaemon `json:"mps,omitempty"`
+	// Domain marks a gang domain claim (driver/domain): recorded, without
+	// devices, only so that a restart tells its CDI spec from an orphan.
+	Domain bool `json:"domain,omitempty"`
 }
 
 // MPSDaemon locates a claim's MPS control daemon.
@@ -133,6 +136,11 @@ type Data struct {
 	// GPUs holds, by GPU UUID, the settings Tessera changed and must
 	// restore.
 	GPUs map[string]GPUOriginal `json:"gpus,omitempty"`
+	// DomainClaims says the file records every gang domain claim of its
+	// boot. A file without it was written by a version that did not (or,
+	// in a rolling update, rewritten by one): the domain specs found with
+	// it are adopted as prepared, never removed as orphans.
+	DomainClaims bool `json:"domainClaims,omitempty"`
 }
 
 // envelope is the on-disk form: the payload is kept as raw bytes so the

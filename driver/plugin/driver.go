@@ -79,11 +79,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	return out, nil
 }
 
-// prepare hands a claim on gang domain devices to the domain preparer,
-// refuses a device on a lost GPU (health.go), else delegates.
+// prepare hands a claim on gang domain devices to the domain preparer
+// (recorded by the state machine, so that a restart tells its spec from an
+// orphan), refuses a device on a lost GPU (health.go), else delegates.
 func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if domain.Has(d.domains.Driver, c) {
-		return d.domains.Prepare(ctx, c)
+		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
 	}
 	if err := d.refuseLost(c); err != nil {
 		return nil, err

@@ -17,6 +17,14 @@
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
 //     the scheduler double-allocates.
+//   - A gang domain claim (PrepareDomain, domain.go) holds nothing on the
+//     node; only its CDI spec, of the domain class. It is recorded
+//     PrepareCompleted, without devices, after its spec is written (no
+//     started mark, as for any claim that only writes a spec), so that a
+//     restart removes a domain spec no checkpointed claim owns, like a GPU
+//     claim's, and never one whose claim is prepared. A checkpoint that
+//     predates these records (Data.DomainClaims unset) adopts the domain
+//     specs of this boot instead of removing them.
 //   - Claims never wait for each other except for a shared map update and
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
@@ -70,8 +78,11 @@ type Config struct {
 	Inventory *inventory.Inventory
 	// MIG creates and destroys partitions; needed when the inventory has
 	// partitions.
-	MIG        Partitioner
-	CDI        *cdi.Store
+	MIG Partitioner
+	CDI *cdi.Store
+	// DomainCDI holds the gang domain claims' specs (driver/domain), which
+	// PrepareDomain records; nil when the node prepares none.
+	DomainCDI  *cdi.Store
 	Checkpoint *checkpoint.Store
 	DevNodes   *devnodes.Resolver
 	// DriverFiles are the driver's libraries and tools, mounted into every
@@ -139,13 +150,17 @@ func (m *Manager) recover(ctx context.Context) error {
 	if data.BootID != "" && data.BootID != m.cfg.BootID {
 		logger.Info("Node rebooted since the checkpoint was written; discarding stale prepared claims", "claims", len(data.Claims), "oldBootID", data.BootID, "bootID", m.cfg.BootID)
 		for uid := range data.Claims {
-			if err := m.cfg.CDI.Remove(uid); err != nil {
+			if err := m.removeSpecs(uid); err != nil {
 				return err
 			}
 		}
 		data.Claims = map[string]checkpoint.Claim{}
 	}
 	data.BootID = m.cfg.BootID
+	if !data.DomainClaims {
+		// Written before domain claims were recorded: keep their specs.
+		m.recordDomainSpecs(ctx, &data)
+	}
 	for uid, c := range data.Claims {
 		switch c.Phase {
 		case checkpoint.PrepareStarted:
@@ -155,7 +170,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		default:
 			continue
 		}
-		if err := m.cfg.CDI.Remove(uid); err != nil {
+		if err := m.removeSpecs(uid); err != nil {
 			return err
 		}
 		if err := m.stopMPS(ctx, c); err != nil {
@@ -246,19 +261,23 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 		}
 		data.Claims[s.ClaimUID] = c
 	}
+	m.recordDomainSpecs(ctx, &data)
 	return data, nil
 }
 
-// removeOrphanSpecs deletes CDI specs of ours that no claim owns.
+// removeOrphanSpecs deletes CDI specs of ours, GPU and gang domain claims'
+// alike, that no claim owns.
 func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) error {
-	specs, _ := m.cfg.CDI.List()
-	for _, s := range specs {
-		if _, ok := data.Claims[s.ClaimUID]; ok {
-			continue
-		}
-		klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName))
-		if err := m.cfg.CDI.Remove(s.ClaimUID); err != nil {
-			return err
+	for _, store := range m.specStores() {
+		specs, _ := store.List()
+		for _, s := range specs {
+			if _, ok := data.Claims[s.ClaimUID]; ok {
+				continue
+			}
+			klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "path", store.Path(s.ClaimUID))
+			if err := store.Remove(s.ClaimUID); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
