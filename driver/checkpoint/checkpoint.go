@@ -270,12 +270,18 @@ func (s *Store) Write(raw []byte) error {
 	return nil
 }
 
-// Quarantine moves an unreadable checkpoint aside (for a post-mortem) and
-// returns where it went.
+// Quarantine copies an unreadable checkpoint aside (for a post-mortem) and
+// returns where. The file itself stays until the caller replaces it with a
+// rebuilt one (Save): moved away, a crash before that would leave no
+// checkpoint at all, which reads as a node with nothing prepared.
 func (s *Store) Quarantine(suffix string) (string, error) {
 	dst := s.path + ".corrupt-" + suffix
-	if err := os.Rename(s.path, dst); err != nil {
-		return "", fmt.Errorf("move corrupted checkpoint aside: %w", err)
+	raw, err := os.ReadFile(s.path)
+	if err == nil {
+		err = os.WriteFile(dst, raw, 0o600)
+	}
+	if err != nil {
+		return "", fmt.Errorf("copy corrupted checkpoint aside: %w", err)
 	}
 	return dst, nil
 }

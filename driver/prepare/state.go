@@ -30,8 +30,9 @@
 //     fsync (group commit). Operations on one claim are serialised by a
 //     per-claim lock.
 //   - A corrupted checkpoint, found at start or by a rolling update's
-//     reload, is moved aside and rebuilt from the CDI specs of this boot;
-//     the rebuilt file is written before the node-wide lock is released.
+//     reload, is copied aside and rebuilt from the CDI specs of this boot;
+//     the rebuilt file replaces it before the node-wide lock is released,
+//     and a crash before that finds the corrupted file and rebuilds again.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
@@ -201,17 +202,17 @@ func (m *Manager) recover(ctx context.Context) error {
 	return nil
 }
 
-// loadOrRebuild loads the checkpoint. A corrupted one is moved aside (kept
-// for a post-mortem) and rebuilt from the CDI specs on disk, and rebuilt
-// says so: the caller must write the rebuilt state before anyone else reads
-// the checkpoint, which is now missing.
+// loadOrRebuild loads the checkpoint. A corrupted one is copied aside (for
+// a post-mortem) and rebuilt from the CDI specs on disk, and rebuilt says
+// so: the caller writes the rebuilt state over it. Until then a crash finds
+// the corrupted file again and rebuilds again.
 func (m *Manager) loadOrRebuild(ctx context.Context) (data checkpoint.Data, rebuilt bool, err error) {
 	data, err = m.cfg.Checkpoint.Load()
 	if !errors.Is(err, checkpoint.ErrCorrupt) {
 		return data, false, err
 	}
-	moved, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
-	klog.FromContext(ctx).Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "movedTo", moved, "moveErr", qerr)
+	kept, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
+	klog.FromContext(ctx).Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "copiedTo", kept, "copyErr", qerr)
 	data, err = m.rebuildFromCDI(ctx)
 	return data, true, err
 }
@@ -289,8 +290,8 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 // that mode every call starts from what is on disk (under a lock shared by
 // both instances) instead of from this process's memory. A corrupted
 // checkpoint is rebuilt from the CDI specs as at start (loadOrRebuild) and
-// written back at once, still under that lock, so the other instance's next
-// call reloads the rebuilt file rather than an empty one.
+// written over it at once, still under that lock, so that the other
+// instance's next call reloads the rebuilt file.
 func (m *Manager) Reload(ctx context.Context) error {
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
