@@ -372,6 +372,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if err != nil {
 			return nil, fmt.Errorf("start MPS control daemon: %w", err)
 		}
+		failpoint(fpMPSStart)
 		spec.Common.Env = append(spec.Common.Env, edits.Env...)
 		spec.Common.Mounts = append(spec.Common.Mounts, edits.Mounts...)
 	}

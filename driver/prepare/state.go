@@ -46,8 +46,10 @@
 //   - Admin-access results observe a device and never change it: they create
 //     no partition, destroy none, and touch no GPU setting.
 //   - Named failure points (failpoint_names.go), armed only in builds with
-//     the faultinject tag, let tests kill a prepare or unprepare after each
-//     step and check that a restart converges.
+//     the faultinject tag, let tests kill a prepare, an unprepare or a
+//     reload's rebuild after each step that changes the node (MIG
+//     partition, GPU setting, MPS daemon, CDI spec, checkpoint) and check
+//     that a restart converges.
 package prepare
 
 import (
@@ -213,6 +215,7 @@ func (m *Manager) loadOrRebuild(ctx context.Context) (data checkpoint.Data, rebu
 	}
 	kept, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
 	klog.FromContext(ctx).Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "copiedTo", kept, "copyErr", qerr)
+	failpoint(fpQuarantine)
 	data, err = m.rebuildFromCDI(ctx)
 	return data, true, err
 }
@@ -303,6 +306,7 @@ func (m *Manager) Reload(ctx context.Context) error {
 		if err := m.cfg.Checkpoint.Save(data); err != nil {
 			return fmt.Errorf("reload prepared claims: write the rebuilt checkpoint: %w", err)
 		}
+		failpoint(fpReloadRebuilt)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
