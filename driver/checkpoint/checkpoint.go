@@ -62,6 +62,9 @@ type Claim struct {
 	// MPS is the claim's MPS control daemon, recorded with the
 	// PrepareStarted mark before it is started.
 	MPS *MPSDaemon `json:"mps,omitempty"`
+	// Domain marks a gang domain claim (driver/domain): recorded, without
+	// devices, only so that a restart tells its CDI spec from an orphan.
+	Domain bool `json:"domain,omitempty"`
 }
 
 // MPSDaemon locates a claim's MPS control daemon.
@@ -133,6 +136,11 @@ type Data struct {
 	// GPUs holds, by GPU UUID, the settings Tessera changed and must
 	// restore.
 	GPUs map[string]GPUOriginal `json:"gpus,omitempty"`
+	// DomainClaims says the file records every gang domain claim of its
+	// boot. A file without it was written by a version that did not (or,
+	// in a rolling update, rewritten by one): the domain specs found with
+	// it are adopted as prepared, never removed as orphans.
+	DomainClaims bool `json:"domainClaims,omitempty"`
 }
 
 // envelope is the on-disk form: the payload is kept as raw bytes so the
@@ -262,12 +270,18 @@ func (s *Store) Write(raw []byte) error {
 	return nil
 }
 
-// Quarantine moves an unreadable checkpoint aside (for a post-mortem) and
-// returns where it went.
+// Quarantine copies an unreadable checkpoint aside (for a post-mortem) and
+// returns where. The file itself stays until the caller replaces it with a
+// rebuilt one (Save): moved away, a crash before that would leave no
+// checkpoint at all, which reads as a node with nothing prepared.
 func (s *Store) Quarantine(suffix string) (string, error) {
 	dst := s.path + ".corrupt-" + suffix
-	if err := os.Rename(s.path, dst); err != nil {
-		return "", fmt.Errorf("move corrupted checkpoint aside: %w", err)
+	raw, err := os.ReadFile(s.path)
+	if err == nil {
+		err = os.WriteFile(dst, raw, 0o600)
+	}
+	if err != nil {
+		return "", fmt.Errorf("copy corrupted checkpoint aside: %w", err)
 	}
 	return dst, nil
 }

@@ -114,7 +114,7 @@ func TestNewerFormatIsRefusedWithTheFix(t *testing.T) {
 	}
 }
 
-func TestQuarantineMovesTheFileAside(t *testing.T) {
+func TestQuarantineCopiesTheFileAsideAndLeavesItUntilReplaced(t *testing.T) {
 	s, _ := NewStore(t.TempDir())
 	if err := os.WriteFile(s.Path(), []byte("junk"), 0o600); err != nil {
 		t.Fatal(err)
@@ -126,8 +126,8 @@ func TestQuarantineMovesTheFileAside(t *testing.T) {
 	if data, _ := os.ReadFile(dst); string(data) != "junk" {
 		t.Errorf("quarantined content %q", data)
 	}
-	if _, err := os.Stat(s.Path()); !os.IsNotExist(err) {
-		t.Errorf("checkpoint still present: %v", err)
+	if data, _ := os.ReadFile(s.Path()); string(data) != "junk" {
+		t.Errorf("checkpoint after quarantine %q, want it left until replaced", data)
 	}
 }
 

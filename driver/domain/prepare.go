@@ -16,8 +16,10 @@ import (
 )
 
 // CDIClass is the CDI class of domain claims' specs: their files
-// ("gpu.tessera.dev-domain_<uid>.json") are apart from the GPU claims', so
-// the GPU state machine's sweep of specs it does not own never sees them.
+// ("gpu.tessera.dev-domain_<uid>.json") are apart from the GPU claims'. The
+// state machine (prepare.Manager.PrepareDomain) records each domain claim it
+// prepares through this Preparer, and at start removes the domain specs no
+// recorded claim owns, as it does the GPU claims'.
 const CDIClass = "domain"
 
 // Preparer prepares claims allocated to domain devices. It keeps no state

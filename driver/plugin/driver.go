@@ -48,7 +48,7 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // PrepareResourceClaims prepares each claim independently; one claim's
 // failure does not fail the others.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	if err := d.reloadShared(); err != nil {
+	if err := d.reloadShared(ctx); err != nil {
 		return nil, err
 	}
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -63,7 +63,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // UnprepareResourceClaims releases each claim; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	if err := d.reloadShared(); err != nil {
+	if err := d.reloadShared(ctx); err != nil {
 		return nil, err
 	}
 	out := make(map[types.UID]error, len(claims))
@@ -79,11 +79,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	return out, nil
 }
 
-// prepare hands a claim on gang domain devices to the domain preparer,
-// refuses a device on a lost GPU (health.go), else delegates.
+// prepare hands a claim on gang domain devices to the domain preparer
+// (recorded by the state machine, so that a restart tells its spec from an
+// orphan), refuses a device on a lost GPU (health.go), else delegates.
 func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if domain.Has(d.domains.Driver, c) {
-		return d.domains.Prepare(ctx, c)
+		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
 	}
 	if err := d.refuseLost(c); err != nil {
 		return nil, err
@@ -94,11 +95,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 // reloadShared starts a call from the checkpoint on disk when another
 // instance shares it (rolling update); kubeletplugin holds the shared lock
 // around the call.
-func (d *Driver) reloadShared() error {
+func (d *Driver) reloadShared(ctx context.Context) error {
 	if d.shared == nil {
 		return nil
 	}
-	return d.claims.Reload()
+	return d.claims.Reload(ctx)
 }
 
 // HandleError logs background errors; unrecoverable ones stop the plugin so

@@ -134,13 +134,17 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if mpsDaemons != nil {
 		daemons = mpsDaemons
 	}
+	domainStore, err := cdi.NewStoreOfClass(o.CDIRoot, domain.CDIClass)
+	if err != nil {
+		return nil, err
+	}
 	unlockRecovery, err := shared.lock()
 	if err != nil {
 		return nil, err
 	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
-		CDI: cdiStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
+		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
 		Settings: gpuset.New(node.NVML), MPS: daemons,
 		ClaimEnv: domain.MemberEnv,
 	})
@@ -153,11 +157,6 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	domainStore, err := cdi.NewStoreOfClass(o.CDIRoot, domain.CDIClass)
-	if err != nil {
-		cancel(err)
-		return nil, err
-	}
 	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev, BootID: bootID}
 	if err := domains.RemoveEarlierBoots(ctx); err != nil {
 		cancel(err)

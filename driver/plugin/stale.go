@@ -29,7 +29,7 @@ func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface
 			return
 		}
 		defer unlock()
-		if err := p.driver.reloadShared(); err != nil {
+		if err := p.driver.reloadShared(ctx); err != nil {
 			logger.Error(err, "Cannot check prepared claims against the API server")
 			return
 		}

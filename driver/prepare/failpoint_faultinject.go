@@ -16,8 +16,9 @@ func (c Crash) String() string { return "crash at failpoint " + c.Point }
 
 // failpoints lists every point, in the order a claim's life reaches them.
 var failpoints = []string{
-	fpPrepareStarted, fpMIGCreate, fpCDIWrite, fpPrepareCompleted,
-	fpUnprepareStarted, fpCDIRemove, fpMIGDestroy, fpUnprepareCompleted,
+	fpPrepareStarted, fpSettingChange, fpMIGCreate, fpMPSStart, fpCDIWrite, fpPrepareCompleted,
+	fpUnprepareStarted, fpCDIRemove, fpMPSStop, fpMIGDestroy, fpSettingRestore, fpUnprepareCompleted,
+	fpQuarantine, fpReloadRebuilt,
 }
 
 var armed struct {

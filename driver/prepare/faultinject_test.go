@@ -5,6 +5,7 @@ package prepare_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
@@ -26,15 +28,38 @@ import (
 // is built over the same checkpoint, CDI directory and GPUs. Each claim must
 // end prepared exactly once or cleanly unprepared, whatever step it died at.
 
-// crashClaims are the kinds of claim each failpoint is tried with, both on
+// A claim kind, as a bit so that a failpoint can say which kinds reach it.
+type kind uint8
+
+const (
+	wholeGPU kind = 1 << iota
+	partition
+	powerCapped
+	mps
+	everyKind = wholeGPU | partition | powerCapped | mps
+)
+
+// crashClaims are the kinds of claim each failpoint is tried with, all on
 // gpu-0 of a DGX H100 (switchable into and out of MIG mode).
 var crashClaims = []struct {
-	kind      string
-	device    string
-	partition bool
+	name   string
+	kind   kind
+	device string
+	config string // the claim's GpuConfig fields, if any
 }{
-	{"whole GPU", "gpu-0", false},
-	{"MIG partition", part, true},
+	{"whole GPU", wholeGPU, "gpu-0", ""},
+	{"MIG partition", partition, part, ""},
+	{"power-capped GPU", powerCapped, "gpu-0", `"powerLimitWatts":400`},
+	{"MPS GPU", mps, "gpu-0", `"sharing":{"strategy":"MPS"}`},
+}
+
+// crashClaim is the claim of a kind, named "crash".
+func crashClaim(name, device, config string) *resourceapi.ResourceClaim {
+	c := claim(name, device)
+	if config != "" {
+		c = gpuConfig(c, config)
+	}
+	return c
 }
 
 const (
@@ -44,35 +69,43 @@ const (
 
 var prepareCrashes = []struct {
 	point string
-	// wholeReaches says whether a whole-GPU claim passes the point;
-	// a partition claim passes every one.
-	wholeReaches bool
+	// reachedBy are the kinds of claim whose prepare passes the point.
+	reachedBy kind
 	// kept: the claim survives the restart prepared (the crash came after
 	// its completed mark); otherwise the restart rolls it back.
 	kept bool
-	// wholeSpecLeft: a whole-GPU claim has no started mark on disk (it has
-	// nothing but its CDI spec to undo), so a restart finds no record of it,
-	// only, past this point, its spec, which it removes as an orphan.
+	// wholeSpecLeft: a plain whole-GPU claim has no started mark on disk
+	// (it has nothing but its CDI spec to undo), so a restart finds no
+	// record of it, only, past this point, its spec, which it removes as an
+	// orphan.
 	wholeSpecLeft bool
 }{
-	{"after-prepare-started", true, false, false},
-	{"after-mig-create", false, false, false},
-	{"after-cdi-write", true, false, true},
-	{"after-prepare-completed", true, true, false},
+	{"after-prepare-started", everyKind, false, false},
+	{"after-gpu-setting-change", powerCapped | mps, false, false},
+	{"after-mig-create", partition, false, false},
+	{"after-mps-start", mps, false, false},
+	{"after-cdi-write", everyKind, false, true},
+	{"after-prepare-completed", everyKind, true, false},
 }
 
 var unprepareCrashes = []struct {
-	point        string
-	wholeReaches bool
+	point     string
+	reachedBy kind
 	// unfinished: the claim is still in the checkpoint, so the restart
 	// finishes its unprepare.
 	unfinished bool
 }{
-	{"after-unprepare-started", true, true},
-	{"after-cdi-remove", true, true},
-	{"after-mig-destroy", false, true},
-	{"after-unprepare-completed", true, false},
+	{"after-unprepare-started", everyKind, true},
+	{"after-cdi-remove", everyKind, true},
+	{"after-mps-stop", mps, true},
+	{"after-mig-destroy", partition, true},
+	{"after-gpu-setting-restore", powerCapped | mps, true},
+	{"after-unprepare-completed", everyKind, false},
 }
+
+// reloadCrashes are tried on a rolling update's reload of a corrupted
+// checkpoint, with claims a rebuild from the CDI specs recovers whole.
+var reloadCrashes = []string{"after-checkpoint-quarantine", "after-reload-rebuild"}
 
 func TestEveryFailpointIsTriedByTheCrashTests(t *testing.T) {
 	var tried []string
@@ -82,6 +115,7 @@ func TestEveryFailpointIsTriedByTheCrashTests(t *testing.T) {
 	for _, c := range unprepareCrashes {
 		tried = append(tried, c.point)
 	}
+	tried = append(tried, reloadCrashes...)
 	if diff := cmp.Diff(prepare.Failpoints(), tried); diff != "" {
 		t.Errorf("failpoints (-declared +tried):\n%s", diff)
 	}
@@ -99,12 +133,12 @@ func TestArmingAnUnknownFailpointPanics(t *testing.T) {
 func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	for _, tc := range prepareCrashes {
 		for _, k := range crashClaims {
-			t.Run(tc.point+" on a "+k.kind+" claim", func(t *testing.T) {
+			t.Run(tc.point+" on a "+k.name+" claim", func(t *testing.T) {
 				defer prepare.DisarmFailpoints()
-				e := newEnv(t, "dgx-h100")
+				e := newCrashEnv(t)
 				ctx := context.Background()
-				c := claim("crash", k.device)
-				reached := tc.wholeReaches || k.partition
+				c := crashClaim("crash", k.device, k.config)
+				reached := tc.reachedBy&k.kind != 0
 
 				old := e.start()
 				prepare.ArmFailpoint(tc.point)
@@ -115,8 +149,8 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 				switch {
 				case !reached || tc.kept:
 					assertRestartSettledNothing(t, logs)
-					assertPrepared(t, e, m, c, k.partition)
-				case !k.partition:
+					assertPrepared(t, e, m, c, k.kind)
+				case k.kind == wholeGPU:
 					assertRestartRemovedOnlyTheSpec(t, logs, tc.wholeSpecLeft)
 					assertUnprepared(t, e, m, c)
 				default:
@@ -129,7 +163,7 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 				if err != nil {
 					t.Fatalf("retried prepare: %v", err)
 				}
-				ids := assertPrepared(t, e, m, c, k.partition)
+				ids := assertPrepared(t, e, m, c, k.kind)
 				if len(devs) != 1 || !slices.Equal(devs[0].CDIDeviceIDs, ids) {
 					t.Errorf("retried prepare returned %+v, want the recorded CDI IDs %v", devs, ids)
 				}
@@ -145,12 +179,12 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	for _, tc := range unprepareCrashes {
 		for _, k := range crashClaims {
-			t.Run(tc.point+" on a "+k.kind+" claim", func(t *testing.T) {
+			t.Run(tc.point+" on a "+k.name+" claim", func(t *testing.T) {
 				defer prepare.DisarmFailpoints()
-				e := newEnv(t, "dgx-h100")
+				e := newCrashEnv(t)
 				ctx := context.Background()
-				c := claim("crash", k.device)
-				reached := tc.wholeReaches || k.partition
+				c := crashClaim("crash", k.device, k.config)
+				reached := tc.reachedBy&k.kind != 0
 
 				old := e.start()
 				if _, err := old.Prepare(ctx, c); err != nil {
@@ -176,6 +210,75 @@ func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A rolling update's reload that finds the checkpoint corrupted and dies
+// while rebuilding it: the restart still knows the prepared claim, the
+// kubelet's retry of the call the reload began (a prepare of another claim)
+// is served afresh, and both claims unprepare cleanly.
+func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
+	for _, point := range reloadCrashes {
+		for _, k := range crashClaims {
+			if k.config != "" {
+				continue // a rebuild from CDI specs cannot know settings or daemons
+			}
+			t.Run(point+" with a "+k.name+" claim prepared", func(t *testing.T) {
+				defer prepare.DisarmFailpoints()
+				e := newCrashEnv(t)
+				ctx := context.Background()
+				c := crashClaim("crash", k.device, k.config)
+
+				old := e.start()
+				if _, err := old.Prepare(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+				writeJunk(t, e.dataDir)
+				prepare.ArmFailpoint(point)
+				crashedAt(t, true, point, func() error { return old.Reload(ctx) })
+				prepare.DisarmFailpoints()
+
+				m, _ := restart(t, e)
+				dev := c.Status.Allocation.Devices.Results[0].Device
+				if got, ok := m.PreparedClaims()[c.UID]; !ok || got.Phase != checkpoint.PrepareCompleted || len(got.Devices) != 1 || got.Devices[0].Device != dev {
+					t.Fatalf("claim in memory: %+v (present %v), want %s prepared", got, ok, dev)
+				}
+				if d := load(t, e.dataDir); d.Claims[string(c.UID)].Phase != checkpoint.PrepareCompleted {
+					t.Errorf("checkpoint on disk: %+v, want the claim completed", d.Claims)
+				}
+				if f := specFiles(t, e.cdiDir); len(f) != 1 {
+					t.Errorf("CDI specs %v, want the claim's", f)
+				}
+				if n := len(instances(t, e)); n != 0 != (k.kind == partition) {
+					t.Errorf("%d MIG instances with a %s claim prepared", n, k.name)
+				}
+				if moved, _ := filepath.Glob(filepath.Join(e.dataDir, checkpoint.FileName+".corrupt-*")); len(moved) == 0 {
+					t.Error("the corrupted checkpoint was not kept aside")
+				}
+				if _, err := m.Prepare(ctx, claim("intruder", dev)); err == nil || !strings.Contains(err.Error(), "already prepared for claim default/crash") {
+					t.Errorf("another claim for %s: got %v, want refused as held by default/crash", dev, err)
+				}
+
+				next := claim("next", "gpu-1")
+				if _, err := m.Prepare(ctx, next); err != nil {
+					t.Fatalf("the kubelet's retried prepare: %v", err)
+				}
+				for _, uid := range []types.UID{next.UID, c.UID} {
+					if err := m.Unprepare(ctx, uid); err != nil {
+						t.Fatalf("unprepare %s: %v", uid, err)
+					}
+				}
+				assertUnprepared(t, e, m, c)
+			})
+		}
+	}
+}
+
+// newCrashEnv is a DGX H100 whose claims may run MPS daemons (recorded by a
+// fake that knows which are running).
+func newCrashEnv(t *testing.T) *env {
+	e := newEnv(t, "dgx-h100")
+	e.mps = &fakeMPS{dir: t.TempDir()}
+	return e
 }
 
 // crashedAt runs op and checks it died at point if reached, and otherwise
@@ -260,9 +363,9 @@ func assertRestartSettledNothing(t *testing.T, logs string) {
 	}
 }
 
-// assertPrepared checks the claim is prepared exactly once and returns its
-// CDI device IDs.
-func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.ResourceClaim, partition bool) []string {
+// assertPrepared checks the claim is prepared exactly once, with what its
+// kind changes on the GPU, and returns its CDI device IDs.
+func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.ResourceClaim, k kind) []string {
 	t.Helper()
 	dev := c.Status.Allocation.Devices.Results[0].Device
 	got, ok := m.PreparedClaims()[c.UID]
@@ -284,7 +387,7 @@ func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.Res
 	inject(t, e.cdiDir, ids...) // fails the test if the spec does not serve the IDs
 
 	insts := instances(t, e)
-	if partition {
+	if k == partition {
 		rec := got.Devices[0].MIG
 		if len(insts) != 1 || rec == nil || insts[0].Placement.Start != rec.Start || insts[0].UUID != rec.UUID {
 			t.Errorf("MIG instances %+v, want exactly the recorded partition %+v", insts, rec)
@@ -296,6 +399,16 @@ func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.Res
 		if len(insts) != 0 || migMode(t, e) {
 			t.Errorf("whole GPU prepared with MIG mode %v and instances %+v", migMode(t, e), insts)
 		}
+	}
+
+	if got, want := e.node.PowerLimitMW(0), gpu0PowerMW; k == powerCapped && got != 400000 || k != powerCapped && got != want {
+		t.Errorf("gpu-0 power limit %d mW with a %s claim prepared", got, kindName(k))
+	}
+	if got := e.node.ComputeMode(0); (got == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS) != (k == mps) {
+		t.Errorf("gpu-0 compute mode %d with a %s claim prepared", got, kindName(k))
+	}
+	if got := e.mps.(*fakeMPS).Running(); k == mps && !slices.Equal(got, []string{"tessera-mps-" + string(c.UID)}) || k != mps && len(got) != 0 {
+		t.Errorf("MPS daemons running %v with a %s claim prepared", got, kindName(k))
 	}
 
 	_, err = m.Prepare(context.Background(), claim("intruder", dev))
@@ -340,6 +453,30 @@ func assertNodeClean(t *testing.T, e *env) {
 	if migMode(t, e) {
 		t.Error("gpu-0 left in MIG mode with no partition")
 	}
+	if got := e.node.PowerLimitMW(0); got != gpu0PowerMW {
+		t.Errorf("gpu-0 power limit left at %d mW, want the original %d", got, gpu0PowerMW)
+	}
+	if got := e.node.ComputeMode(0); got != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("gpu-0 compute mode left at %d, want Default", got)
+	}
+	if d := load(t, e.dataDir); len(d.GPUs) != 0 {
+		t.Errorf("checkpoint still records GPU settings to restore: %+v", d.GPUs)
+	}
+	if running := e.mps.(*fakeMPS).Running(); len(running) != 0 {
+		t.Errorf("MPS daemons left running: %v", running)
+	}
+}
+
+// gpu0PowerMW is gpu-0's power limit before any claim changes it.
+const gpu0PowerMW uint32 = 700000
+
+func kindName(k kind) string {
+	for _, c := range crashClaims {
+		if c.kind == k {
+			return c.name
+		}
+	}
+	return fmt.Sprint(k)
 }
 
 func instances(t *testing.T, e *env) []mig.Instance {

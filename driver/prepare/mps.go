@@ -71,5 +71,9 @@ func (m *Manager) stopMPS(ctx context.Context, c checkpoint.Claim) error {
 	if m.cfg.MPS == nil {
 		return fmt.Errorf("claim %s has an MPS daemon (%s) but the plugin runs without MPS support; start it with --mps-image to clean up", claimRef(c.Namespace, c.Name), c.MPS.Pod)
 	}
-	return m.cfg.MPS.Stop(ctx, *c.MPS)
+	if err := m.cfg.MPS.Stop(ctx, *c.MPS); err != nil {
+		return err
+	}
+	failpoint(fpMPSStop)
+	return nil
 }

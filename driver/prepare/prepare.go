@@ -103,7 +103,7 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	if !ok {
 		m.mu.Unlock()
 		// Nothing recorded; a spec could still be left by a lost checkpoint.
-		return m.cfg.CDI.Remove(string(uid))
+		return m.removeSpecs(string(uid))
 	}
 	c.Phase = checkpoint.UnprepareStarted
 	m.data.Claims[string(uid)] = c
@@ -114,7 +114,7 @@ func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	}
 	failpoint(fpUnprepareStarted)
 
-	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
+	if err := m.removeSpecs(string(uid)); err != nil {
 		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpCDIRemove)
@@ -372,6 +372,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if err != nil {
 			return nil, fmt.Errorf("start MPS control daemon: %w", err)
 		}
+		failpoint(fpMPSStart)
 		spec.Common.Env = append(spec.Common.Env, edits.Env...)
 		spec.Common.Mounts = append(spec.Common.Mounts, edits.Mounts...)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/inventory"
@@ -82,8 +83,12 @@ func (e *env) config() prepare.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	domains, err := cdi.NewStoreOfClass(e.cdiDir, domain.CDIClass)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
-	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
+	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
 		Settings: gpuset.New(e.node.NVML), MPS: e.mps}
 }
 

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 )
 
@@ -182,5 +185,47 @@ func writeJunk(t *testing.T, dir string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, checkpoint.FileName), []byte("{\x00junk"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// In a rolling update every call starts by reloading the checkpoint. A
+// corrupted one is rebuilt there as at start (moved aside, claims rebuilt
+// from the CDI specs, the rebuilt file written for the other instance),
+// so calls keep being served instead of failing until a restart.
+func TestReloadRebuildsACorruptCheckpointFromCDISpecs(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	old, next := e.start(), e.start() // the two instances of a rolling update
+	if _, err := old.Prepare(ctx, claim("a", "gpu-0")); err != nil {
+		t.Fatal(err)
+	}
+	writeJunk(t, e.dataDir)
+
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	if err := next.Reload(klog.NewContext(ctx, logger)); err != nil {
+		t.Fatalf("reload of a corrupted checkpoint: %v", err)
+	}
+	if logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String(); !strings.Contains(logs, "Checkpoint is corrupted; rebuilding it") {
+		t.Errorf("the rebuild is not logged; log:\n%s", logs)
+	}
+	if got := next.PreparedClaims(); len(got) != 1 || got["uid-a"].Devices[0].Device != "gpu-0" {
+		t.Fatalf("claims after the rebuild: %+v, want default/a on gpu-0", got)
+	}
+	if _, err := next.Prepare(ctx, claim("thief", "gpu-0")); err == nil || !strings.Contains(err.Error(), "default/a") {
+		t.Errorf("the rebuilt state lost ownership of gpu-0: %v", err)
+	}
+	moved, _ := filepath.Glob(filepath.Join(e.dataDir, checkpoint.FileName+".corrupt-*"))
+	if len(moved) != 1 {
+		t.Errorf("corrupted checkpoint not kept aside: %v", moved)
+	}
+	// The rebuilt checkpoint is on disk: the other instance reloads it.
+	if err := old.Reload(ctx); err != nil {
+		t.Fatalf("the other instance's reload after the rebuild: %v", err)
+	}
+	if err := old.Unprepare(ctx, "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	if d := load(t, e.dataDir); len(d.Claims) != 0 || len(specFiles(t, e.cdiDir)) != 0 {
+		t.Errorf("after unprepare: checkpoint %+v, specs %v", d.Claims, specFiles(t, e.cdiDir))
 	}
 }

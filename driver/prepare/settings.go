@@ -158,6 +158,7 @@ func (m *Manager) reconcileGPU(ctx context.Context, gpu string) error {
 				return err
 			}
 			logger.V(2).Info("Set GPU compute mode", "gpu", gpu, "mode", mode, "was", cur)
+			settingChanged(want.computeMode == "")
 		}
 		if want.computeMode == "" {
 			orig.ComputeMode, restored = nil, true
@@ -176,6 +177,7 @@ func (m *Manager) reconcileGPU(ctx context.Context, gpu string) error {
 				return err
 			}
 			logger.V(2).Info("Set GPU power limit", "gpu", gpu, "watts", mw/1000, "wasWatts", cur/1000)
+			settingChanged(want.powerMW == 0)
 		}
 		if want.powerMW == 0 {
 			orig.PowerLimitMW, restored = nil, true
@@ -185,6 +187,16 @@ func (m *Manager) reconcileGPU(ctx context.Context, gpu string) error {
 		return m.storeOriginal(gpu, orig)
 	}
 	return nil
+}
+
+// settingChanged marks the failure point after a setting changed: back to
+// its original, or to what a claim needs.
+func settingChanged(restored bool) {
+	if restored {
+		failpoint(fpSettingRestore)
+	} else {
+		failpoint(fpSettingChange)
+	}
 }
 
 // storeOriginal checkpoints a GPU's original settings (dropping the record

@@ -253,7 +253,20 @@ type fakeMPS struct {
 	mu      sync.Mutex
 	started []prepare.MPSDaemon
 	stopped []string
+	running map[string]bool // by pod
 	dir     string
+}
+
+// Running lists the pods of the daemons started and not stopped since.
+func (f *fakeMPS) Running() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for pod := range f.running {
+		out = append(out, pod)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (f *fakeMPS) Locate(uid string) checkpoint.MPSDaemon {
@@ -264,6 +277,10 @@ func (f *fakeMPS) Start(_ context.Context, d prepare.MPSDaemon) (cdi.Edits, erro
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.started = append(f.started, d)
+	if f.running == nil {
+		f.running = map[string]bool{}
+	}
+	f.running[d.Pod] = true
 	if err := os.MkdirAll(d.Dir+"/pipe", 0o755); err != nil {
 		return cdi.Edits{}, err
 	}
@@ -277,6 +294,7 @@ func (f *fakeMPS) Stop(_ context.Context, d checkpoint.MPSDaemon) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stopped = append(f.stopped, d.Pod)
+	delete(f.running, d.Pod)
 	return os.RemoveAll(d.Dir)
 }
 

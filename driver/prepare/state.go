@@ -17,10 +17,22 @@
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
 //     the scheduler double-allocates.
+//   - A gang domain claim (PrepareDomain, domain.go) holds nothing on the
+//     node; only its CDI spec, of the domain class. It is recorded
+//     PrepareCompleted, without devices, after its spec is written (no
+//     started mark, as for any claim that only writes a spec), so that a
+//     restart removes a domain spec no checkpointed claim owns, like a GPU
+//     claim's, and never one whose claim is prepared. A checkpoint that
+//     predates these records (Data.DomainClaims unset) adopts the domain
+//     specs of this boot instead of removing them.
 //   - Claims never wait for each other except for a shared map update and
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
 //     per-claim lock.
+//   - A corrupted checkpoint, found at start or by a rolling update's
+//     reload, is copied aside and rebuilt from the CDI specs of this boot;
+//     the rebuilt file replaces it before the node-wide lock is released,
+//     and a crash before that finds the corrupted file and rebuilds again.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
@@ -34,8 +46,10 @@
 //   - Admin-access results observe a device and never change it: they create
 //     no partition, destroy none, and touch no GPU setting.
 //   - Named failure points (failpoint_names.go), armed only in builds with
-//     the faultinject tag, let tests kill a prepare or unprepare after each
-//     step and check that a restart converges.
+//     the faultinject tag, let tests kill a prepare, an unprepare or a
+//     reload's rebuild after each step that changes the node (MIG
+//     partition, GPU setting, MPS daemon, CDI spec, checkpoint) and check
+//     that a restart converges.
 package prepare
 
 import (
@@ -67,8 +81,11 @@ type Config struct {
 	Inventory *inventory.Inventory
 	// MIG creates and destroys partitions; needed when the inventory has
 	// partitions.
-	MIG        Partitioner
-	CDI        *cdi.Store
+	MIG Partitioner
+	CDI *cdi.Store
+	// DomainCDI holds the gang domain claims' specs (driver/domain), which
+	// PrepareDomain records; nil when the node prepares none.
+	DomainCDI  *cdi.Store
 	Checkpoint *checkpoint.Store
 	DevNodes   *devnodes.Resolver
 	// DriverFiles are the driver's libraries and tools, mounted into every
@@ -129,28 +146,24 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 // recover loads the checkpoint and settles whatever a crash left half done.
 func (m *Manager) recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	data, err := m.cfg.Checkpoint.Load()
-	switch {
-	case errors.Is(err, checkpoint.ErrCorrupt):
-		moved, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
-		logger.Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "movedTo", moved, "moveErr", qerr)
-		data, err = m.rebuildFromCDI(ctx)
-		if err != nil {
-			return err
-		}
-	case err != nil:
+	data, _, err := m.loadOrRebuild(ctx)
+	if err != nil {
 		return err
 	}
 	if data.BootID != "" && data.BootID != m.cfg.BootID {
 		logger.Info("Node rebooted since the checkpoint was written; discarding stale prepared claims", "claims", len(data.Claims), "oldBootID", data.BootID, "bootID", m.cfg.BootID)
 		for uid := range data.Claims {
-			if err := m.cfg.CDI.Remove(uid); err != nil {
+			if err := m.removeSpecs(uid); err != nil {
 				return err
 			}
 		}
 		data.Claims = map[string]checkpoint.Claim{}
 	}
 	data.BootID = m.cfg.BootID
+	if !data.DomainClaims {
+		// Written before domain claims were recorded: keep their specs.
+		m.recordDomainSpecs(ctx, &data)
+	}
 	for uid, c := range data.Claims {
 		switch c.Phase {
 		case checkpoint.PrepareStarted:
@@ -160,7 +173,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		default:
 			continue
 		}
-		if err := m.cfg.CDI.Remove(uid); err != nil {
+		if err := m.removeSpecs(uid); err != nil {
 			return err
 		}
 		if err := m.stopMPS(ctx, c); err != nil {
@@ -189,6 +202,22 @@ func (m *Manager) recover(ctx context.Context) error {
 		return fmt.Errorf("restore GPU settings: %w", err)
 	}
 	return nil
+}
+
+// loadOrRebuild loads the checkpoint. A corrupted one is copied aside (for
+// a post-mortem) and rebuilt from the CDI specs on disk, and rebuilt says
+// so: the caller writes the rebuilt state over it. Until then a crash finds
+// the corrupted file again and rebuilds again.
+func (m *Manager) loadOrRebuild(ctx context.Context) (data checkpoint.Data, rebuilt bool, err error) {
+	data, err = m.cfg.Checkpoint.Load()
+	if !errors.Is(err, checkpoint.ErrCorrupt) {
+		return data, false, err
+	}
+	kept, qerr := m.cfg.Checkpoint.Quarantine(strconv.FormatInt(time.Now().Unix(), 10))
+	klog.FromContext(ctx).Error(err, "Checkpoint is corrupted; rebuilding it from the CDI specs on disk", "copiedTo", kept, "copyErr", qerr)
+	failpoint(fpQuarantine)
+	data, err = m.rebuildFromCDI(ctx)
+	return data, true, err
 }
 
 // ownersOf lists the exclusive holder of each held device.
@@ -236,19 +265,23 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 		}
 		data.Claims[s.ClaimUID] = c
 	}
+	m.recordDomainSpecs(ctx, &data)
 	return data, nil
 }
 
-// removeOrphanSpecs deletes CDI specs of ours that no claim owns.
+// removeOrphanSpecs deletes CDI specs of ours, GPU and gang domain claims'
+// alike, that no claim owns.
 func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) error {
-	specs, _ := m.cfg.CDI.List()
-	for _, s := range specs {
-		if _, ok := data.Claims[s.ClaimUID]; ok {
-			continue
-		}
-		klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName))
-		if err := m.cfg.CDI.Remove(s.ClaimUID); err != nil {
-			return err
+	for _, store := range m.specStores() {
+		specs, _ := store.List()
+		for _, s := range specs {
+			if _, ok := data.Claims[s.ClaimUID]; ok {
+				continue
+			}
+			klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "path", store.Path(s.ClaimUID))
+			if err := store.Remove(s.ClaimUID); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -258,13 +291,22 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 // plugin instances serve side by side during a rolling update: the kubelet
 // may prepare a claim through one and unprepare it through the other, so in
 // that mode every call starts from what is on disk (under a lock shared by
-// both instances) instead of from this process's memory.
-func (m *Manager) Reload() error {
+// both instances) instead of from this process's memory. A corrupted
+// checkpoint is rebuilt from the CDI specs as at start (loadOrRebuild) and
+// written over it at once, still under that lock, so that the other
+// instance's next call reloads the rebuilt file.
+func (m *Manager) Reload(ctx context.Context) error {
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
-	data, err := m.cfg.Checkpoint.Load()
+	data, rebuilt, err := m.loadOrRebuild(ctx)
 	if err != nil {
 		return fmt.Errorf("reload prepared claims: %w", err)
+	}
+	if rebuilt {
+		if err := m.cfg.Checkpoint.Save(data); err != nil {
+			return fmt.Errorf("reload prepared claims: write the rebuilt checkpoint: %w", err)
+		}
+		failpoint(fpReloadRebuilt)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -1,0 +1,98 @@
+package prepare
+
+import (
+	"context"
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/cdi"
+	"github.com/tessera-dev/tessera/driver/checkpoint"
+)
+
+// Gang domain claims (driver/domain) hold nothing on the node: preparing one
+// writes a CDI spec of the domain class (Config.DomainCDI), nothing else.
+// They are recorded in the checkpoint all the same, without devices, so that
+// a restart removes a domain spec no checkpointed claim owns, as it does a
+// GPU claim's, and keeps one whose claim is prepared.
+
+// PrepareDomain prepares a gang domain claim with prepare (the domain
+// preparer, which writes the claim's spec and nothing else) and records it
+// as prepared. There is no started mark to wait for: a crash before the
+// record leaves only the spec, which the next start removes as an orphan,
+// and the kubelet's retry prepares the claim afresh.
+func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.ResourceClaim, prepare func(context.Context, *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error)) ([]kubeletplugin.Device, error) {
+	uid := claim.UID
+	ref := claimRef(claim.Namespace, claim.Name)
+	unlock := m.claimLocks.lock(uid)
+	defer unlock()
+
+	m.mu.Lock()
+	rec, ok := m.data.Claims[string(uid)]
+	m.mu.Unlock()
+	if ok && !rec.Domain && len(rec.Devices) > 0 {
+		return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated gang domain devices; unprepare it first", ref, names(rec.Devices))
+	}
+	devs, err := prepare(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	if ok && rec.Domain && rec.Phase == checkpoint.PrepareCompleted {
+		return devs, nil
+	}
+	m.mu.Lock()
+	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true}
+	v := m.changed()
+	m.mu.Unlock()
+	if err := m.persist(v); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	return devs, nil
+}
+
+// recordDomainSpecs records as prepared the claim of every domain spec of
+// this boot (or of none: written before specs carried one) that data does
+// not hold, and marks data as recording domain claims. It serves a
+// checkpoint rebuilt from the specs and one written before domain claims
+// were recorded: their pods may be running, so their specs are kept.
+func (m *Manager) recordDomainSpecs(ctx context.Context, data *checkpoint.Data) {
+	if m.cfg.DomainCDI == nil {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	specs, err := m.cfg.DomainCDI.List()
+	if err != nil {
+		logger.Error(err, "Some gang domain claim specs could not be read; left out of the checkpoint")
+	}
+	for _, s := range specs {
+		if _, ok := data.Claims[s.ClaimUID]; ok || (s.BootID != "" && s.BootID != m.cfg.BootID) {
+			continue
+		}
+		logger.Info("Recording a gang domain claim from its CDI spec", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID)
+		data.Claims[s.ClaimUID] = checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted, Domain: true}
+	}
+	data.DomainClaims = true
+}
+
+// specStores are the stores of the specs a claim may have: the GPU claims'
+// and, if set, the gang domain claims'.
+func (m *Manager) specStores() []*cdi.Store {
+	if m.cfg.DomainCDI == nil {
+		return []*cdi.Store{m.cfg.CDI}
+	}
+	return []*cdi.Store{m.cfg.CDI, m.cfg.DomainCDI}
+}
+
+// removeSpecs removes a claim's spec from every store: a record rewritten
+// by an older instance in a rolling update may have lost its Domain mark,
+// and removing a missing file succeeds.
+func (m *Manager) removeSpecs(uid string) error {
+	for _, s := range m.specStores() {
+		if err := s.Remove(uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
