@@ -76,7 +76,7 @@ func BenchmarkPublish(b *testing.B) {
 			"--fake-node=dgx-h100", "--node-name="+name, "--fake-root="+filepath.Join(dir, "host"),
 			"--kubeconfig="+kubeconfig, "--cdi-root="+filepath.Join(dir, "cdi"),
 			"--plugin-data-dir="+filepath.Join(dir, "plugin"), "--registrar-dir="+filepath.Join(dir, "reg"),
-			"--boot-id-file="+bootID)
+			"--boot-id-file="+bootID, "--metrics-address=127.0.0.1:0")
 		log, err := os.Create(filepath.Join(dir, "plugin.log"))
 		if err != nil {
 			b.Fatal(err)
