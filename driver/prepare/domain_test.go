@@ -87,7 +87,7 @@ func TestDomainSpecsOfACheckpointThatPredatesTheirRecordsAreKept(t *testing.T) {
 	}
 	save(t, e.dataDir, checkpoint.Data{BootID: e.bootID})
 
-	m := e.start()
+	e.start()
 	if !e.domainSpecExists(gang.UID) {
 		t.Fatal("an upgrade removed the spec of a running domain claim")
 	}
@@ -95,7 +95,7 @@ func TestDomainSpecsOfACheckpointThatPredatesTheirRecordsAreKept(t *testing.T) {
 		t.Errorf("checkpoint %+v, want the domain claim recorded", rec)
 	}
 	// Recorded: it survives the next start, and is unprepared cleanly.
-	m = e.start()
+	m := e.start()
 	if !e.domainSpecExists(gang.UID) {
 		t.Fatal("the recorded domain claim's spec was removed at the next start")
 	}
