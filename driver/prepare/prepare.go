@@ -376,6 +376,10 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		spec.Common.Env = append(spec.Common.Env, edits.Env...)
 		spec.Common.Mounts = append(spec.Common.Mounts, edits.Mounts...)
 	}
+	// The spec keeps the claim's record, to rebuild a lost checkpoint from.
+	if spec.Record, err = m.specRecord(claim, out, daemon); err != nil {
+		return nil, err
+	}
 	ids, err := m.cfg.CDI.Write(spec)
 	if err != nil {
 		return nil, err
