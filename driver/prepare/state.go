@@ -12,7 +12,13 @@
 //     removed, their devices released) and the kubelet's retry prepares them
 //     afresh; UnprepareStarted claims are finished.
 //   - Prepare is idempotent: a prepared claim returns the devices recorded for
-//     it. Unprepare of an unknown claim succeeds.
+//     it. Unprepare of an unknown claim succeeds. A prepare whose completed
+//     mark could not be written leaves the claim PrepareStarted in memory as
+//     on disk, and its retry (by this process, by the other instance of a
+//     rolling update, or after a restart's rollback) takes every step again,
+//     each idempotent: settings applied stay, the partition the earlier
+//     attempt made at the recorded placement is adopted, the MPS daemon is
+//     found running, the CDI spec is rewritten.
 //   - A device belongs to at most one claim (admin-access results excepted,
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
