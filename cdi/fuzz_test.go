@@ -7,18 +7,19 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
-// FuzzWriteSpec feeds arbitrary names, env and paths into Write. Write must
-// never panic, and must either fail leaving the dir empty, or write a spec
-// that the CDI library reads, injects, and List reads back unchanged.
+// FuzzWriteSpec feeds arbitrary names, env, paths and records into Write.
+// Write must never panic, and must either fail leaving the dir empty, or
+// write a spec that the CDI library reads, injects, and List reads back
+// unchanged.
 func FuzzWriteSpec(f *testing.F) {
-	f.Add(uidA, "default", "train-0", "gpu-3", "NVIDIA_VISIBLE_DEVICES=GPU-1", "/dev/nvidia3", "/host/dev/nvidia3", "/usr/bin/nvidia-smi", int64(195), int64(3))
-	f.Add(uidB, "ml", "mig", "gpu-3-mig-1g.10gb-0", "A=", "/dev/nvidia-caps/nvidia-cap21", "", "/lib/firmware/nvidia/550.54.15", int64(237), int64(21))
-	f.Add("x", "n", "c", "0", "A=b=c", "/", "/", "/", int64(1), int64(0))
-	f.Add("a/b", "", "", "", "=", "dev", "../x", "", int64(0), int64(-1))
-	f.Add("a", "n\x00", "c\u2028", "gpu:0", "A=\xff", "/dev//x", "/dev/./x", "/a/..", int64(-1), int64(1<<62))
-	f.Fuzz(func(t *testing.T, uid, ns, name, dev, env, nodePath, hostPath, mountPath string, major, minor int64) {
+	f.Add(uidA, "default", "train-0", "gpu-3", "NVIDIA_VISIBLE_DEVICES=GPU-1", "/dev/nvidia3", "/host/dev/nvidia3", "/usr/bin/nvidia-smi", int64(195), int64(3), `{"claim":{"name":"train-0"}}`)
+	f.Add(uidB, "ml", "mig", "gpu-3-mig-1g.10gb-0", "A=", "/dev/nvidia-caps/nvidia-cap21", "", "/lib/firmware/nvidia/550.54.15", int64(237), int64(21), "")
+	f.Add("x", "n", "c", "0", "A=b=c", "/", "/", "/", int64(1), int64(0), "\u2028 \" '")
+	f.Add("a/b", "", "", "", "=", "dev", "../x", "", int64(0), int64(-1), "\x00")
+	f.Add("a", "n\x00", "c\u2028", "gpu:0", "A=\xff", "/dev//x", "/dev/./x", "/a/..", int64(-1), int64(1<<62), "\xff")
+	f.Fuzz(func(t *testing.T, uid, ns, name, dev, env, nodePath, hostPath, mountPath string, major, minor int64, record string) {
 		spec := ClaimSpec{
-			ClaimUID: uid, ClaimNamespace: ns, ClaimName: name,
+			ClaimUID: uid, ClaimNamespace: ns, ClaimName: name, Record: record,
 			Devices: []Device{{
 				Name:        dev,
 				DeviceNodes: []DeviceNode{{Path: nodePath, HostPath: hostPath, Major: major, Minor: minor}},

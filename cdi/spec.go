@@ -32,7 +32,12 @@ const (
 	annotationClaimName      = Vendor + "/claim-name"
 	annotationDeviceName     = Vendor + "/device-name"
 	annotationBootID         = Vendor + "/boot-id"
+	annotationClaimRecord    = Vendor + "/claim-record"
 )
+
+// maxRecordLen bounds ClaimSpec.Record: CDI allows a spec's annotations
+// 256 KiB in all, keys and the other values included.
+const maxRecordLen = 128 << 10
 
 // maxClaimUIDLen keeps the spec file name well under the 255-byte limit.
 const maxClaimUIDLen = 128
@@ -81,6 +86,10 @@ type ClaimSpec struct {
 	// it; one found after a reboot is stale, wherever the CDI directory
 	// lives. Empty in specs of releases that did not record it.
 	BootID string
+	// Record is the writer's own record of the claim, kept in the spec as
+	// an annotation and read back by List as written: this package never
+	// interprets it. Empty in specs of releases that did not write one.
+	Record string
 	// Devices hold per-device edits, in the order given.
 	Devices []Device
 	// Common edits apply once when any device of the claim is injected:
@@ -139,6 +148,16 @@ func (c ClaimSpec) toCDI(kind string) (*cdispec.Spec, error) {
 			return nil, err
 		}
 		raw.Annotations[annotationBootID] = c.BootID
+	}
+	if c.Record != "" {
+		if len(c.Record) > maxRecordLen {
+			return nil, fmt.Errorf("claim record is %d bytes, more than the %d a CDI spec's annotations can carry", len(c.Record), maxRecordLen)
+		}
+		// Checked as any text, but not quoted in the error: it may be long.
+		if err := validateText("claim record", c.Record, true); err != nil {
+			return nil, errors.New("claim record is not valid UTF-8 or has a control character")
+		}
+		raw.Annotations[annotationClaimRecord] = c.Record
 	}
 	seen := make(map[string]bool, len(c.Devices))
 	for _, d := range c.Devices {
@@ -234,6 +253,7 @@ func fromCDI(raw *cdispec.Spec, kind string) (ClaimSpec, error) {
 		ClaimNamespace: raw.Annotations[annotationClaimNamespace],
 		ClaimName:      raw.Annotations[annotationClaimName],
 		BootID:         raw.Annotations[annotationBootID],
+		Record:         raw.Annotations[annotationClaimRecord],
 		Common:         fromCDIEdits(raw.ContainerEdits),
 	}
 	if c.ClaimUID == "" {

@@ -170,6 +170,8 @@ func TestListRoundTripsAndIgnoresForeignFiles(t *testing.T) {
 		gpuClaim(t, uidB, "train-1", devRoot, driver, 2),
 	}
 	want[1].BootID = "5b0c2a4e-9d1f-4c1e-8a57-3f2e1d0c9b8a"
+	// A record is the writer's business, read back byte for byte.
+	want[1].Record = `{"claim":{"name":"train-1","devices":[{"device":"gpu-2"}]},"note":"\u00e9 \"quoted\" é <>&"}`
 	for _, c := range slices.Backward(want) {
 		if _, err := store.Write(c); err != nil {
 			t.Fatal(err)
@@ -192,6 +194,28 @@ func TestListRoundTripsAndIgnoresForeignFiles(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("List (-written +read):\n%s", diff)
+	}
+}
+
+func TestWriteRefusesARecordTheAnnotationsCannotCarry(t *testing.T) {
+	store := newStore(t)
+	spec := gpuClaim(t, uidA, "train-0", t.TempDir(), Edits{}, 0)
+	for _, tt := range []struct{ record, want string }{
+		{strings.Repeat("x", maxRecordLen+1), "more than the 131072"},
+		{"a\nb", "control character"},
+		{"\xff", "not valid UTF-8"},
+	} {
+		spec.Record = tt.record
+		if _, err := store.Write(spec); err == nil || !strings.Contains(err.Error(), tt.want) || len(err.Error()) > 300 {
+			t.Errorf("record of %d bytes: got %.300v, want a short error saying %q", len(tt.record), err, tt.want)
+		}
+	}
+	if names := dirNames(t, store.dir); len(names) != 0 {
+		t.Errorf("refused writes left %v", names)
+	}
+	spec.Record = strings.Repeat("x", maxRecordLen)
+	if _, err := store.Write(spec); err != nil {
+		t.Errorf("record of the largest size: %v", err)
 	}
 }
 

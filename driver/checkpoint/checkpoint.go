@@ -20,7 +20,9 @@
 //     survive a reboot (CDI specs live on tmpfs, MIG instances vanish), so a
 //     different boot ID means the state is stale.
 //   - A file that cannot be read is reported as ErrCorrupt; the caller rebuilds
-//     state from what is on disk rather than crash-looping.
+//     state from what is on disk rather than crash-looping. For that, each
+//     claim's record can also be kept beside the claim (ClaimRecord, written
+//     into its CDI spec), under the same rules of versions and added fields.
 package checkpoint
 
 import (

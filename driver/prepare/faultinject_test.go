@@ -104,7 +104,8 @@ var unprepareCrashes = []struct {
 }
 
 // reloadCrashes are tried on a rolling update's reload of a corrupted
-// checkpoint, with claims a rebuild from the CDI specs recovers whole.
+// checkpoint, with a claim of each kind, which a rebuild from the CDI specs
+// recovers whole.
 var reloadCrashes = []string{"after-checkpoint-quarantine", "after-reload-rebuild"}
 
 func TestEveryFailpointIsTriedByTheCrashTests(t *testing.T) {
@@ -219,9 +220,6 @@ func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	for _, point := range reloadCrashes {
 		for _, k := range crashClaims {
-			if k.config != "" {
-				continue // a rebuild from CDI specs cannot know settings or daemons
-			}
 			t.Run(point+" with a "+k.name+" claim prepared", func(t *testing.T) {
 				defer prepare.DisarmFailpoints()
 				e := newCrashEnv(t)

@@ -23,10 +23,18 @@ func migRecord(d inventory.Device) *checkpoint.MIGPartition {
 	}
 }
 
-// createPartition makes a device's partition and records its identity.
-func (m *Manager) createPartition(rec *checkpoint.MIGPartition) error {
+// createPartition makes a device's partition and records its identity. The
+// partition an earlier attempt of the claim's prepare made (earlier: that
+// attempt's record of it, nil if none) is adopted instead: recreated, it
+// would be found occupied.
+func (m *Manager) createPartition(rec, earlier *checkpoint.MIGPartition) error {
 	if m.cfg.MIG == nil {
 		return fmt.Errorf("MIG partitions are not managed on this node")
+	}
+	if earlier != nil {
+		if adopted, err := m.adoptPartition(rec, earlier); err != nil || adopted {
+			return err
+		}
 	}
 	inst, err := m.cfg.MIG.Create(rec.GPUUUID, rec.Switchable, rec.ProfileIndex, mig.Placement{Start: rec.Start, Size: rec.Size})
 	if err != nil {
@@ -34,6 +42,47 @@ func (m *Manager) createPartition(rec *checkpoint.MIGPartition) error {
 	}
 	rec.GPUInstance, rec.ComputeInstance, rec.UUID = inst.GPUInstanceID, inst.ComputeInstanceID, inst.UUID
 	failpoint(fpMIGCreate)
+	return nil
+}
+
+// adoptPartition takes over the instance at rec's placement, of rec's
+// profile, that the claim's earlier record names (by UUID too, when the
+// attempt recorded it). Only the claim's record names that placement:
+// reserve refuses a device overlapping another claim's. A GPU instance
+// left without its compute instance (an attempt that died inside Create)
+// is destroyed, to be created afresh.
+func (m *Manager) adoptPartition(rec, earlier *checkpoint.MIGPartition) (bool, error) {
+	insts, err := m.cfg.MIG.Instances(rec.GPUUUID)
+	if err != nil {
+		return false, fmt.Errorf("list MIG instances: %w", err)
+	}
+	for _, in := range insts {
+		if in.ProfileIndex != rec.ProfileIndex || in.Placement.Start != rec.Start {
+			continue
+		}
+		switch {
+		case earlier.UUID != "" && in.UUID != earlier.UUID:
+			return false, nil // not the one made; Create reports the placement occupied
+		case in.UUID == "":
+			return false, m.cfg.MIG.Destroy(rec.GPUUUID, rec.Switchable, rec.ProfileIndex, mig.Placement{Start: rec.Start, Size: rec.Size})
+		}
+		rec.GPUInstance, rec.ComputeInstance, rec.UUID = in.GPUInstanceID, in.ComputeInstanceID, in.UUID
+		return true, nil
+	}
+	return false, nil
+}
+
+// earlierPartition is the partition an earlier attempt recorded for the
+// device at the same place, if any.
+func earlierPartition(earlier []checkpoint.Device, d checkpoint.Device) *checkpoint.MIGPartition {
+	if d.MIG == nil || d.AdminAccess {
+		return nil
+	}
+	for _, e := range earlier {
+		if e.Device == d.Device && e.MIG != nil && e.MIG.GPUUUID == d.MIG.GPUUUID && e.MIG.ProfileIndex == d.MIG.ProfileIndex && e.MIG.Start == d.MIG.Start {
+			return e.MIG
+		}
+	}
 	return nil
 }
 

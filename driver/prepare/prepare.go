@@ -38,13 +38,21 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	defer unlock()
 
 	m.mu.Lock()
-	if c, ok := m.data.Claims[string(uid)]; ok && c.Phase == checkpoint.PrepareCompleted {
+	c, ok := m.data.Claims[string(uid)]
+	if ok && c.Phase == checkpoint.PrepareCompleted {
 		m.mu.Unlock()
 		if !sameDevices(c.Devices, want) {
 			return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated %s; unprepare it first", ref, names(c.Devices), names(want))
 		}
 		klog.FromContext(ctx).V(4).Info("Claim already prepared", "claim", ref)
 		return results(c.Devices), nil
+	}
+	// A started mark is an earlier attempt whose completed mark was not
+	// written (in this process, or by the other instance of a rolling
+	// update): what it made is still there, and this attempt takes it over.
+	var earlier []checkpoint.Device
+	if ok && c.Phase == checkpoint.PrepareStarted {
+		earlier = c.Devices
 	}
 	if err := m.reserve(uid, ref, want); err != nil {
 		m.mu.Unlock()
@@ -73,7 +81,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 	failpoint(fpPrepareStarted)
 
-	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS)
+	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS, earlier)
 	if err != nil {
 		m.rollback(ctx, uid, rec)
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
@@ -85,8 +93,16 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	v = m.changed()
 	m.mu.Unlock()
 	if err := m.persist(v); err != nil {
-		// The CDI spec exists but the checkpoint says PrepareStarted: a
-		// restart rolls it back, and the kubelet retries.
+		// The CDI spec exists but the checkpoint says PrepareStarted, and
+		// so does memory: a restart rolls the claim back, and the
+		// kubelet's retry takes every step again (each is idempotent) and
+		// writes the mark. Memory saying prepared would answer the retry
+		// from a record a restart does not know.
+		m.mu.Lock()
+		rec.Phase = checkpoint.PrepareStarted
+		m.data.Claims[string(uid)] = rec
+		m.changed()
+		m.mu.Unlock()
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	failpoint(fpPrepareCompleted)
@@ -293,7 +309,11 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Cl
 
 // materialize creates the claim's MIG partitions and writes its CDI spec,
 // returning the devices with their CDI IDs. On error it undoes what it did.
-func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceClaim, devs []checkpoint.Device, mps *mpsPlan, daemon *checkpoint.MPSDaemon) (_ []checkpoint.Device, err error) {
+// Every step may find itself done by an earlier attempt (earlier: its
+// devices, from the claim's started mark) and is idempotent: settings
+// already applied stay, partitions in place are adopted (createPartition),
+// a running MPS daemon is found running, the CDI spec is rewritten.
+func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceClaim, devs []checkpoint.Device, mps *mpsPlan, daemon *checkpoint.MPSDaemon, earlier []checkpoint.Device) (_ []checkpoint.Device, err error) {
 	out := make([]checkpoint.Device, len(devs))
 	for i, d := range devs {
 		if d.MIG != nil {
@@ -304,8 +324,9 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	defer func() {
 		// out, not the result: an error return clears the result. Only
-		// partitions this call created (their record has the instance's
-		// UUID) are destroyed: one found occupied may be another's.
+		// partitions this call created or adopted (their record has the
+		// instance's UUID) are destroyed: one found occupied may be
+		// another's.
 		if err != nil {
 			var created []checkpoint.Device
 			for _, d := range out {
@@ -333,7 +354,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer published on this node", d.Device)
 		}
-		dev, uuid, err := m.containerDevice(inv, d)
+		dev, uuid, err := m.containerDevice(inv, d, earlierPartition(earlier, *d))
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", d.Device, err)
 		}
@@ -376,6 +397,10 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		spec.Common.Env = append(spec.Common.Env, edits.Env...)
 		spec.Common.Mounts = append(spec.Common.Mounts, edits.Mounts...)
 	}
+	// The spec keeps the claim's record, to rebuild a lost checkpoint from.
+	if spec.Record, err = m.specRecord(claim, out, daemon); err != nil {
+		return nil, err
+	}
 	ids, err := m.cfg.CDI.Write(spec)
 	if err != nil {
 		return nil, err
@@ -390,7 +415,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 // containerDevice makes the device usable (creating a MIG partition, or
 // taking a switchable GPU out of MIG mode for whole use) and returns what
 // the container needs for it and the UUID it is known by.
-func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (cdi.Device, string, error) {
+func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, earlier *checkpoint.MIGPartition) (cdi.Device, string, error) {
 	g := inv.GPU
 	parent := m.cfg.DevNodes.GPU(g.Minor)
 	envKey := deviceEnv(d.Device) + "_UUID"
@@ -406,7 +431,7 @@ func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device) (c
 		if d.AdminAccess {
 			return m.observePartition(inv, d)
 		}
-		if err := m.createPartition(d.MIG); err != nil {
+		if err := m.createPartition(d.MIG, earlier); err != nil {
 			return cdi.Device{}, "", err
 		}
 		caps, err := m.cfg.DevNodes.MIG(g.Minor, d.MIG.GPUInstance, d.MIG.ComputeInstance)

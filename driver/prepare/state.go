@@ -12,7 +12,13 @@
 //     removed, their devices released) and the kubelet's retry prepares them
 //     afresh; UnprepareStarted claims are finished.
 //   - Prepare is idempotent: a prepared claim returns the devices recorded for
-//     it. Unprepare of an unknown claim succeeds.
+//     it. Unprepare of an unknown claim succeeds. A prepare whose completed
+//     mark could not be written leaves the claim PrepareStarted in memory as
+//     on disk, and its retry (by this process, by the other instance of a
+//     rolling update, or after a restart's rollback) takes every step again,
+//     each idempotent: settings applied stay, the partition the earlier
+//     attempt made at the recorded placement is adopted, the MPS daemon is
+//     found running, the CDI spec is rewritten.
 //   - A device belongs to at most one claim (admin-access results excepted,
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
@@ -33,6 +39,11 @@
 //     reload, is copied aside and rebuilt from the CDI specs of this boot;
 //     the rebuilt file replaces it before the node-wide lock is released,
 //     and a crash before that finds the corrupted file and rebuilds again.
+//     Each spec carries its claim's checkpoint record and the originals of
+//     the GPU settings the claim needs (rebuild.go), so the rebuilt file
+//     holds every field the lost one held for those claims. A spec of an
+//     earlier release is rebuilt from what it shows; what it cannot tell
+//     is left as it is on the node, never undone.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.
@@ -231,42 +242,6 @@ func ownersOf(data checkpoint.Data) map[string]types.UID {
 		}
 	}
 	return owners
-}
-
-// rebuildFromCDI reconstructs prepared claims from the CDI specs, which are
-// written before a prepare completes and removed before an unprepare does.
-// Specs of an earlier boot are left out (and then removed as orphans): on a
-// CDI directory that survives reboots they would otherwise come back as
-// prepared claims whose partitions and containers are gone.
-func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
-	logger := klog.FromContext(ctx)
-	specs, err := m.cfg.CDI.List()
-	if err != nil {
-		logger.Error(err, "Some CDI specs could not be read while rebuilding the checkpoint; they are left out")
-	}
-	data := checkpoint.Data{BootID: m.cfg.BootID, Claims: map[string]checkpoint.Claim{}}
-	for _, s := range specs {
-		if s.BootID != "" && s.BootID != m.cfg.BootID {
-			logger.Info("Leaving out a CDI spec of an earlier boot", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID, "specBootID", s.BootID)
-			continue
-		}
-		c := checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted}
-		for _, d := range s.Devices {
-			dev := checkpoint.Device{
-				Pool:         m.cfg.PoolName,
-				Device:       d.Name,
-				CDIDeviceIDs: []string{cdi.DeviceID(s.ClaimUID, d.Name)},
-			}
-			// Keep the partition's record, or it would be taken for an orphan.
-			if inv, ok := m.inventory().Lookup(d.Name); ok {
-				dev.MIG = migRecord(inv)
-			}
-			c.Devices = append(c.Devices, dev)
-		}
-		data.Claims[s.ClaimUID] = c
-	}
-	m.recordDomainSpecs(ctx, &data)
-	return data, nil
 }
 
 // removeOrphanSpecs deletes CDI specs of ours, GPU and gang domain claims'

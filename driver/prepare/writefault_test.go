@@ -1,0 +1,183 @@
+//go:build faultinject
+
+package prepare_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-dev/tessera/driver/prepare"
+)
+
+// A checkpoint write that fails (a full or failing disk) fails the prepare,
+// and the kubelet retries it: through the same process, through the other
+// instance of a rolling update (which starts every call from the checkpoint
+// on disk), or after a restart. Whichever write failed (the started mark, a
+// GPU setting's original, the completed mark), the retry prepares the claim
+// exactly once, every step taken again idempotently: the partition the
+// failed attempt made is adopted, not found occupied; the spec rewritten;
+// the setting found applied; the daemon found running. Shares the crash
+// tests' claim kinds and checks.
+func TestAPrepareRetriedAfterAFailedCheckpointWriteSucceeds(t *testing.T) {
+	for _, k := range crashClaims {
+		for n := 1; ; n++ {
+			failed := false
+			for _, retry := range []string{"the same process", "a rolling update's other instance", "a restart"} {
+				t.Run(fmt.Sprintf("write %d of a %s claim failing, retried by %s", n, k.name, retry), func(t *testing.T) {
+					e := newCrashEnv(t)
+					ctx := context.Background()
+					c := crashClaim("crash", k.device, k.config)
+					other := e.start()
+					m, heal := e.startFailingWrite(n)
+
+					_, err := m.Prepare(ctx, c)
+					heal()
+					if err == nil {
+						t.Skipf("the prepare writes the checkpoint fewer than %d times", n)
+					}
+					failed = true
+					t.Logf("prepare with write %d failing: %v", n, err)
+					left := instances(t, e)
+
+					switch retry {
+					case "a rolling update's other instance":
+						if err := other.Reload(ctx); err != nil {
+							t.Fatal(err)
+						}
+						m = other
+					case "a restart":
+						m = e.start()
+					}
+					devs, err := m.Prepare(ctx, c)
+					if err != nil {
+						t.Fatalf("retried prepare: %v", err)
+					}
+					ids := assertPrepared(t, e, m, c, k.kind)
+					if len(devs) != 1 || !slices.Equal(devs[0].CDIDeviceIDs, ids) {
+						t.Errorf("retried prepare returned %+v, want the recorded CDI IDs %v", devs, ids)
+					}
+					if retry != "a restart" && len(left) != 0 {
+						if diff := cmp.Diff(left, instances(t, e)); diff != "" {
+							t.Errorf("the failed attempt's partition was not adopted (-left +now):\n%s", diff)
+						}
+					}
+					// What is on disk holds: a restart keeps the claim.
+					assertPrepared(t, e, e.start(), c, k.kind)
+					if err := m.Unprepare(ctx, c.UID); err != nil {
+						t.Fatalf("unprepare: %v", err)
+					}
+					assertUnprepared(t, e, m, c)
+				})
+			}
+			if !failed {
+				break
+			}
+		}
+	}
+}
+
+// startFailingWrite starts a Manager whose n-th checkpoint write from now
+// fails, as a broken disk fails it (the directory is gone), until heal puts
+// the directory back with the last file written in it.
+func (e *env) startFailingWrite(n int) (m *prepare.Manager, heal func()) {
+	e.t.Helper()
+	gone := e.dataDir + ".gone"
+	var broken atomic.Bool
+	brk := func() {
+		if err := os.Rename(e.dataDir, gone); err != nil {
+			e.t.Fatal(err)
+		}
+		broken.Store(true)
+	}
+	cfg := e.config()
+	var writes atomic.Int32
+	counting := false
+	cfg.Checkpoint.OnWrite = func(time.Duration) {
+		if counting && int(writes.Add(1)) == n-1 {
+			brk()
+		}
+	}
+	m, err := prepare.New(context.Background(), cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	counting = true
+	if n == 1 {
+		brk()
+	}
+	return m, func() {
+		if broken.Load() {
+			if err := os.Rename(gone, e.dataDir); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// An attempt that died inside the partition's creation (its GPU instance
+// made, not its compute instance) leaves an instance no workload can use;
+// the retry by a rolling update's other instance, from the started mark,
+// replaces it rather than finding its placement occupied.
+func TestARetryReplacesAPartitionLeftWithoutItsComputeInstance(t *testing.T) {
+	e := newCrashEnv(t)
+	ctx := context.Background()
+	c := claim("crash", part)
+	other := e.start()
+	if _, err := e.start().Prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// The started mark, as written before the partition was created.
+	e.rewindToStarted(c)
+	data := load(t, e.dataDir)
+	rec := data.Claims[string(c.UID)]
+	rec.Devices[0].MIG.GPUInstance, rec.Devices[0].MIG.ComputeInstance, rec.Devices[0].MIG.UUID = 0, 0, ""
+	data.Claims[string(c.UID)] = rec
+	save(t, e.dataDir, data)
+	d, ret := e.node.NVML.DeviceGetHandleByUUID(e.gpus[0].UUID)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	p, ret := d.GetGpuInstanceProfileInfo(0) // 1g.10gb, the partition's profile
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	gis, ret := d.GetGpuInstances(&p)
+	if ret != nvml.SUCCESS || len(gis) != 1 {
+		t.Fatalf("GPU instances %v: %v", gis, ret)
+	}
+	for id := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+		cp, ret := gis[0].GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		cis, _ := gis[0].GetComputeInstances(&cp)
+		for _, ci := range cis {
+			if ret := ci.Destroy(); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+		}
+	}
+	if insts := instances(t, e); len(insts) != 1 || insts[0].UUID != "" {
+		t.Fatalf("instances %+v, want one without a compute instance", insts)
+	}
+
+	if err := other.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Prepare(ctx, c); err != nil {
+		t.Fatalf("retried prepare: %v", err)
+	}
+	assertPrepared(t, e, other, c, partition)
+	if err := other.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	assertUnprepared(t, e, other, c)
+}
