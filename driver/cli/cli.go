@@ -70,14 +70,9 @@ func InspectCompare(ctx context.Context, w io.Writer, opts nodeopen.Options, pro
 	if err != nil {
 		return fmt.Errorf("--compare: %w", err)
 	}
-	n, err := opts.Open()
+	gpus, err := discover(ctx, opts)
 	if err != nil {
 		return err
-	}
-	defer func() { _ = n.Close() }()
-	gpus, err := discovery.Discover(ctx, n)
-	if err != nil {
-		return fmt.Errorf("discover GPUs: %w", err)
 	}
 	driver := "unknown"
 	if len(gpus) > 0 {
@@ -93,14 +88,9 @@ func InspectCompare(ctx context.Context, w io.Writer, opts nodeopen.Options, pro
 
 // Inspect writes the node's slices to w as a YAML stream or a JSON list.
 func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output string, gates featuregate.FeatureGate) error {
-	n, err := opts.Open()
+	gpus, err := discover(ctx, opts)
 	if err != nil {
 		return err
-	}
-	defer func() { _ = n.Close() }()
-	gpus, err := discovery.Discover(ctx, n)
-	if err != nil {
-		return fmt.Errorf("discover GPUs: %w", err)
 	}
 	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
 	res, err := slices.Build(opts.NodeName, inv, slices.Options{})
@@ -127,4 +117,18 @@ func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output str
 		}
 	}
 	return nil
+}
+
+// discover opens the node the options name, reads its GPUs and closes it.
+func discover(ctx context.Context, opts nodeopen.Options) ([]discovery.GPU, error) {
+	n, err := opts.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = n.Close() }()
+	gpus, err := discovery.Discover(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	return gpus, nil
 }
