@@ -195,7 +195,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	}
 	var conflict string
 	if err == nil {
-		conflict, err = conflicts(ctx, r.client, written)
+		conflict, err = conflicts(ctx, r.client, snap, nodes, written)
 	}
 	if err != nil || conflict != "" {
 		rbErr := r.clearWritten(ctx, written, id)
