@@ -302,6 +302,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		lost, recheck = r.stuck(in, time.Now())
 	}
 	if len(lost) == 0 {
+		var again time.Duration
+		var err error
+		if lost, again, err = r.refused(ctx, in, time.Now()); err != nil {
+			return true, result{requeueAfter: time.Second}, err
+		}
+		recheck = sooner(recheck, again)
+	}
+	if len(lost) == 0 {
 		// Resume releasing members a crash left gated.
 		var gated []*member
 		for _, m := range in {
@@ -369,31 +377,6 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	}
 	klog.FromContext(ctx).Info("Gang lost a member; evicted the others", "why", msg, "evicted", len(in))
 	return true, result{requeueAfter: time.Second}, nil
-}
-
-// stuck names the released members the scheduler has found unschedulable
-// (on the node they are pinned to: another pod took its room after the
-// placement) for longer than the grace period; such a gang holds its devices
-// without running, so it is handled as one that lost a member. recheck is
-// when a member unschedulable for less than that is to be looked at again.
-func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck time.Duration) {
-	for _, m := range in {
-		if m.gated() || m.pod.Spec.NodeName != "" {
-			continue
-		}
-		for _, c := range m.pod.Status.Conditions {
-			if c.Type != v1.PodScheduled || c.Status != v1.ConditionFalse || c.Reason != v1.PodReasonUnschedulable {
-				continue
-			}
-			left := r.unschedulableGrace - now.Sub(c.LastTransitionTime.Time)
-			if left <= 0 {
-				lost = append(lost, fmt.Sprintf("member %s cannot be scheduled on the node it was placed on: %s", m.pod.Name, c.Message))
-			} else if recheck == 0 || left < recheck {
-				recheck = left
-			}
-		}
-	}
-	return lost, recheck
 }
 
 // claimsOf says whether every claim of a gated member is allocated for

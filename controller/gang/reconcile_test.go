@@ -243,3 +243,102 @@ func TestAnInterruptedPlacementIsRolledBackWhateverTheSpecSaysNow(t *testing.T) 
 		})
 	}
 }
+
+// placedGang places gang ml/g of two members on tray a1 and binds them
+// there as the scheduler would: m-0 runs, m-1 waits on the node (Pending),
+// bound since boundFor ago. It returns m-1's GPU claim.
+func (f *fakeCluster) placedGang(boundFor time.Duration) *resourceapi.ResourceClaim {
+	f.t.Helper()
+	f.gangMembers(2)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		f.t.Fatal(err)
+	}
+	if f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted] == "" {
+		f.t.Fatal("the gang was not placed")
+	}
+	for _, name := range []string{"m-0", "m-1"} {
+		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if len(p.Spec.SchedulingGates) != 0 {
+			f.t.Fatalf("member %s not released", name)
+		}
+		p.Spec.NodeName = "a1"
+		p.Status.Phase = v1.PodRunning
+		p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue, LastTransitionTime: metav1.NewTime(time.Now().Add(-boundFor))}}
+		if name == "m-1" {
+			p.Status.Phase = v1.PodPending
+		}
+		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return f.claim("ml", "m-1-gpu")
+}
+
+// rivalOf allocates a claim of another workload the device of member's
+// claim, as the scheduler does when it allocates in the same moment the
+// controller writes the member's claim.
+func (f *fakeCluster) rivalOf(member *resourceapi.ResourceClaim) {
+	f.t.Helper()
+	rival := newClaim("rival", "gpu.tessera.dev", 1)
+	r := member.Status.Allocation.Devices.Results[0]
+	r.Request = "r"
+	rival.Status.Allocation = &resourceapi.AllocationResult{
+		Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{r}},
+		NodeSelector: member.Status.Allocation.NodeSelector,
+	}
+	rival.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "small", UID: "uid-small"}}
+	f.create(rival)
+}
+
+// A member bound to its node but refused at prepare (another claim was
+// allocated its device in the moment the placement was written) would
+// leave the gang holding every device with a member short forever: once
+// it has not started for the grace period, the gang is handled as one that
+// lost a member, with an event naming the device and the other claim.
+func TestABoundMemberWhoseDeviceIsAllocatedTwiceIsLost(t *testing.T) {
+	t.Run("past the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.rivalOf(f.placedGang(2 * time.Minute))
+		f.drainEvents()
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		events := strings.Join(f.drainEvents(), "\n")
+		if !strings.Contains(events, gangv1.ReasonMemberLost) || !strings.Contains(events, "member m-1") || !strings.Contains(events, "claim ml/rival") {
+			t.Errorf("no %s event naming member m-1 and claim ml/rival; events:\n%s", gangv1.ReasonMemberLost, events)
+		}
+		if len(f.evicted) != 2 {
+			t.Errorf("evicted %v, want both members", f.evicted)
+		}
+		if id := f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted]; id != "" {
+			t.Errorf("the lost placement %s is still committed", id)
+		}
+	})
+	t.Run("within the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.rivalOf(f.placedGang(20 * time.Second))
+		res, err := f.reconcile("ml", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.evicted) != 0 || res.requeueAfter <= 0 || res.requeueAfter > 40*time.Second {
+			t.Errorf("evicted %v, look again in %v; want nothing evicted yet and a look again within 40s", f.evicted, res.requeueAfter)
+		}
+	})
+	t.Run("no device allocated twice", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.placedGang(2 * time.Minute)
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		if len(f.evicted) != 0 {
+			t.Errorf("evicted %v: a member slow to start without a double allocation is not lost", f.evicted)
+		}
+	})
+}

@@ -149,38 +149,51 @@ func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id s
 	})
 }
 
-// conflicts re-reads every claim from the API server and checks, with the
-// scheduler's allocator over the snapshot's slices, that the placement's
-// claims still fit beside every other allocated claim of the pools they
-// use: the scheduler (or a second allocator) may have taken, between the
-// snapshot and the writes, one of the devices, a partition of a whole GPU
-// the gang got (shared counters), or more of a shared GPU's time slices or
-// memory than is left (consumable capacity). It says which claim no longer
-// fits and beside which; "" when all do.
+// conflicts re-reads every claim from the API server and checks that the
+// placement's claims still fit beside every other allocated claim (misfit):
+// the scheduler (or a second allocator) may have taken, between the snapshot
+// and the writes, one of the devices, a partition of a whole GPU the gang
+// got (shared counters), or more of a shared GPU's time slices or memory
+// than is left (consumable capacity). It says which claim no longer fits
+// and beside which; "" when all do.
 func conflicts(ctx context.Context, client kubernetes.Interface, snap *simulate.Snapshot, nodes map[string]*v1.Node, written []*resourceapi.ResourceClaim) (string, error) {
-	ours := map[types.UID]bool{}
-	pools := map[string]bool{} // driver/pool
-	for _, c := range written {
-		ours[c.UID] = true
-		for _, r := range c.Status.Allocation.Devices.Results {
-			pools[r.Driver+"/"+r.Pool] = true
-		}
-	}
 	all, err := simulate.ListClaims(ctx, client)
 	if err != nil {
 		return "", err
 	}
-	now := &simulate.Snapshot{Classes: snap.Classes, Slices: snap.Slices, Claims: all}
-	cluster := now.Cluster(
+	return misfit(ctx, &simulate.Snapshot{Classes: snap.Classes, Slices: snap.Slices, Claims: all}, nodes, written)
+}
+
+// misfit judges allocated claims with the scheduler's allocator over the
+// snapshot's slices, beside every other allocated claim of the snapshot in
+// the pools they use, each confined to the devices it was allocated
+// (simulate.Cluster.Refit), and each beside the ones before it. It says
+// which claim does not fit and beside which others; "" when all fit.
+func misfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, claims []*resourceapi.ResourceClaim) (string, error) {
+	judged := map[types.UID]bool{}
+	pools := map[string]bool{} // driver/pool
+	for _, c := range claims {
+		judged[c.UID] = true
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			pools[r.Driver+"/"+r.Pool] = true
+		}
+	}
+	cluster := snap.Cluster(
 		func(s *resourceapi.ResourceSlice) bool { return pools[s.Spec.Driver+"/"+s.Spec.Pool.Name] },
-		func(c *resourceapi.ResourceClaim) bool { return ours[c.UID] })
-	for _, c := range written {
+		func(c *resourceapi.ResourceClaim) bool { return judged[c.UID] })
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
 		fits, err := cluster.Refit(ctx, allocationNode(c.Status.Allocation, nodes), c)
 		if err != nil {
 			return "", err
 		}
 		if !fits {
-			return notFitting(c, all, ours, snap.Slices), nil
+			return notFitting(c, snap.Claims, snap.Slices), nil
 		}
 	}
 	return "", nil
@@ -189,7 +202,7 @@ func conflicts(ctx context.Context, client kubernetes.Interface, snap *simulate.
 // notFitting says which claims a claim of the placement no longer fits
 // beside: those holding one of its devices, or a device drawing on the same
 // counters (another partition of the same GPU).
-func notFitting(c *resourceapi.ResourceClaim, all []*resourceapi.ResourceClaim, ours map[types.UID]bool, slices []*resourceapi.ResourceSlice) string {
+func notFitting(c *resourceapi.ResourceClaim, all []*resourceapi.ResourceClaim, slices []*resourceapi.ResourceSlice) string {
 	counters := map[string][]string{} // driver/pool/device -> driver/pool/counter set
 	for _, s := range slices {
 		for _, d := range s.Spec.Devices {
@@ -233,7 +246,7 @@ func notFitting(c *resourceapi.ResourceClaim, all []*resourceapi.ResourceClaim, 
 	if len(rivals) > 3 {
 		rivals = append(rivals[:3], fmt.Sprintf("%d more", len(rivals)-3))
 	}
-	return what + " beside " + strings.Join(rivals, ", ") + ": the same device, a partition of the same GPU, or more of a shared GPU than is left, allocated meanwhile"
+	return what + " beside " + strings.Join(rivals, ", ") + " (the same device, another partition of its GPU, or more of a shared GPU than is left)"
 }
 
 // allocationNode is a node an allocation's selector points to, as the
