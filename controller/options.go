@@ -52,7 +52,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "Burst of queries to the API server.")
 	fs.StringVar(&o.TopologyKey, "topology-key", "", "Node label whose values are gang domains (e.g. a rack label such as topology.kubernetes.io/rack), besides the NVLink cliques; empty for cliques only.")
 	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
-	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile) before the gang is evicted and placed again.")
+	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile), or bound there but not started while a device of its claims is allocated to another claim too, before the gang is evicted and placed again.")
 	o.Addresses.AddFlags(fs)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
 	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")

@@ -43,8 +43,9 @@ type Options struct {
 	// Metrics, if set, counts placements.
 	Metrics *Metrics
 	// UnschedulableGrace is how long a released member may stay
-	// unschedulable on its node before the gang is placed again; zero is
-	// a minute.
+	// unschedulable on its node, or bound but not started while a device of
+	// its claims is allocated to another claim too, before the gang is
+	// placed again; zero is a minute.
 	UnschedulableGrace time.Duration
 	// Interrupt, for tests only, is asked at each Step*; returning true
 	// stops the placement there without rollback, as a crash would, and

@@ -36,8 +36,9 @@ var errInterrupted = errors.New("placement interrupted (test hook)")
 
 // reconciler drives one gang at a time towards placed-and-running or held
 // with nothing allocated. Everything it needs to resume is in the API: the
-// gang's committed-placement annotation, the placement annotation on each
-// claim and released pod, and the claims' allocations.
+// gang's record of a placement being written and its committed-placement
+// annotation, the placement annotation on each claim and released pod, and
+// the claims' allocations.
 type reconciler struct {
 	client    kubernetes.Interface
 	gangs     Client
@@ -103,9 +104,23 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 
 // step decides what the gang needs and does it, recording the outcome in st.
 func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr error, st *gangv1.GangStatus) (result, error) {
+	// A placement cut short is undone from its record first, whatever the
+	// spec says now: its claims may belong to pods that are no longer
+	// members.
+	freed, recorded, err := r.rollBackRecorded(ctx, g)
+	if err != nil {
+		return result{requeueAfter: time.Second}, err
+	}
+	if freed > 0 {
+		r.recorder.Eventf(g, v1.EventTypeNormal, gangv1.ReasonRolledBack, "rolled back a placement that was never committed: freed the %d claims it had written", freed)
+	}
 	if verr != nil {
 		waiting(st, g.Generation, gangv1.ReasonInvalid, verr.Error())
 		return result{}, nil
+	}
+	if recorded {
+		waiting(st, g.Generation, gangv1.ReasonPlacementPending, "rolled back a placement that was never committed; placing the gang afresh")
+		return result{requeueAfter: time.Second}, nil
 	}
 	if id := g.Annotations[gangv1.AnnotationCommitted]; id != "" {
 		done, res, err := r.committed(ctx, g, v, id, st)
@@ -177,6 +192,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	}
 	id := uuid.NewString()[:8]
 	ws := writes(g, v, p)
+	if g, err = r.recordPlacement(ctx, g, id, ws); err != nil {
+		return result{}, err
+	}
 	written := make([]*resourceapi.ResourceClaim, len(ws))
 	var interrupted bool
 	err = parallel(len(ws), func(i int) error {
@@ -195,10 +213,10 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	}
 	var conflict string
 	if err == nil {
-		conflict, err = conflicts(ctx, r.client, written)
+		conflict, err = conflicts(ctx, r.client, snap, nodes, written)
 	}
 	if err != nil || conflict != "" {
-		rbErr := r.clearWritten(ctx, written, id)
+		_, _, rbErr := r.rollBackRecorded(ctx, g)
 		why := conflict
 		if err != nil {
 			why = err.Error()
@@ -208,12 +226,11 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		r.metrics.attempt("rolledback")
 		return result{requeueAfter: time.Second}, errors.Join(rbErr)
 	}
-	if g.Annotations == nil {
-		g.Annotations = map[string]string{}
-	}
+	recorded := g.DeepCopy()
 	g.Annotations[gangv1.AnnotationCommitted] = id
+	delete(g.Annotations, gangv1.AnnotationUncommitted)
 	if _, err := r.gangs.Update(ctx, g); err != nil {
-		rbErr := r.clearWritten(ctx, written, id)
+		_, _, rbErr := r.rollBackRecorded(ctx, recorded)
 		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
 	}
 	if r.interrupt != nil && r.interrupt(StepRelease) {
@@ -251,19 +268,6 @@ func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, mem
 	setCondition(st, gen, gangv1.ConditionFailed, false, gangv1.ReasonNone, "no member lost")
 }
 
-// clearWritten rolls back the claims a placement wrote.
-func (r *reconciler) clearWritten(ctx context.Context, written []*resourceapi.ResourceClaim, id string) error {
-	var errs []error
-	for _, c := range written {
-		if c != nil {
-			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // committed handles a gang with a committed placement: it releases members a
 // crash left gated, reports Placed and Running, or, when a member was lost,
 // evicts the others and forgets the placement. done is false when the
@@ -296,6 +300,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	var recheck time.Duration
 	if len(lost) == 0 {
 		lost, recheck = r.stuck(in, time.Now())
+	}
+	if len(lost) == 0 {
+		var again time.Duration
+		var err error
+		if lost, again, err = r.refused(ctx, in, time.Now()); err != nil {
+			return true, result{requeueAfter: time.Second}, err
+		}
+		recheck = sooner(recheck, again)
 	}
 	if len(lost) == 0 {
 		// Resume releasing members a crash left gated.
@@ -367,31 +379,6 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	return true, result{requeueAfter: time.Second}, nil
 }
 
-// stuck names the released members the scheduler has found unschedulable
-// (on the node they are pinned to: another pod took its room after the
-// placement) for longer than the grace period; such a gang holds its devices
-// without running, so it is handled as one that lost a member. recheck is
-// when a member unschedulable for less than that is to be looked at again.
-func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck time.Duration) {
-	for _, m := range in {
-		if m.gated() || m.pod.Spec.NodeName != "" {
-			continue
-		}
-		for _, c := range m.pod.Status.Conditions {
-			if c.Type != v1.PodScheduled || c.Status != v1.ConditionFalse || c.Reason != v1.PodReasonUnschedulable {
-				continue
-			}
-			left := r.unschedulableGrace - now.Sub(c.LastTransitionTime.Time)
-			if left <= 0 {
-				lost = append(lost, fmt.Sprintf("member %s cannot be scheduled on the node it was placed on: %s", m.pod.Name, c.Message))
-			} else if recheck == 0 || left < recheck {
-				recheck = left
-			}
-		}
-	}
-	return lost, recheck
-}
-
 // claimsOf says whether every claim of a gated member is allocated for
 // placement id (so the member belongs to it).
 func claimsOf(m *member, id string) bool {
@@ -425,85 +412,6 @@ func domainOf(v *view) string {
 	}
 	r := v.domainClaim.Status.Allocation.Devices.Results[0]
 	return r.Pool + "/" + r.Device
-}
-
-// rollBack frees what an uncommitted placement (one a crash interrupted, or
-// a lost one) left: allocations on gated members' claims, and the domain
-// claim once no pod it was reserved for exists. busy is true while the
-// domain claim still serves pods of an earlier placement.
-func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (busy bool, _ error) {
-	freed := 0
-	for _, m := range v.live {
-		if !m.gated() {
-			continue
-		}
-		for _, c := range m.claims {
-			id := c.Annotations[gangv1.AnnotationPlacement]
-			if c.Status.Allocation == nil || id == "" {
-				continue
-			}
-			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-				return false, err
-			}
-			freed++
-		}
-	}
-	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil {
-		for _, ref := range dc.Status.ReservedFor {
-			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
-				waiting(st, g.Generation, gangv1.ReasonPlacementPending, fmt.Sprintf("domain claim %s is still in use by pod %s of an earlier placement; waiting for it to end", dc.Name, ref.Name))
-				return true, nil
-			}
-		}
-		if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
-			return false, err
-		}
-		freed++
-	}
-	if freed > 0 {
-		r.recorder.Eventf(g, v1.EventTypeNormal, gangv1.ReasonRolledBack, "rolled back an unfinished placement: freed %d claims", freed)
-		klog.FromContext(ctx).Info("Rolled back an unfinished placement", "claims", freed)
-		return true, nil
-	}
-	return false, nil
-}
-
-// finalize rolls back an unreleased placement of a deleted gang and lets it
-// go. Released members keep running; gated ones stay gated.
-func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) error {
-	for _, m := range v.live {
-		if !m.gated() {
-			continue
-		}
-		for _, c := range m.claims {
-			if id := c.Annotations[gangv1.AnnotationPlacement]; id != "" && c.Status.Allocation != nil {
-				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
-		inUse := false
-		for _, ref := range dc.Status.ReservedFor {
-			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
-				inUse = true
-			}
-		}
-		if !inUse {
-			if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
-				return err
-			}
-		}
-	}
-	if i := slices.Index(g.Finalizers, gangv1.Finalizer); i >= 0 {
-		g.Finalizers = slices.Delete(g.Finalizers, i, i+1)
-		if _, err := r.gangs.Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("remove finalizer of gang %s/%s: %w", g.Namespace, g.Name, err)
-		}
-	}
-	klog.FromContext(ctx).Info("Gang deleted; unreleased placement rolled back")
-	return nil
 }
 
 func (r *reconciler) getClaim(ns, name string) (*resourceapi.ResourceClaim, error) {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -146,39 +149,131 @@ func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id s
 	})
 }
 
-// conflicts re-reads every claim from the API server and returns the first
-// device of the placement that another claim holds too: the scheduler (or a
-// second allocator) took it between the snapshot and the writes.
-func conflicts(ctx context.Context, client kubernetes.Interface, written []*resourceapi.ResourceClaim) (string, error) {
-	ours := map[types.UID]bool{}
-	devices := map[string]string{} // driver/pool/device -> our claim
-	for _, c := range written {
-		ours[c.UID] = true
-		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.AdminAccess != nil && *r.AdminAccess || r.ShareID != nil {
-				continue
-			}
-			devices[r.Driver+"/"+r.Pool+"/"+r.Device] = c.Namespace + "/" + c.Name
-		}
-	}
+// conflicts re-reads every claim from the API server and checks that the
+// placement's claims still fit beside every other allocated claim (misfit):
+// the scheduler (or a second allocator) may have taken, between the snapshot
+// and the writes, one of the devices, a partition of a whole GPU the gang
+// got (shared counters), or more of a shared GPU's time slices or memory
+// than is left (consumable capacity). It says which claim no longer fits
+// and beside which; "" when all do.
+func conflicts(ctx context.Context, client kubernetes.Interface, snap *simulate.Snapshot, nodes map[string]*v1.Node, written []*resourceapi.ResourceClaim) (string, error) {
 	all, err := simulate.ListClaims(ctx, client)
 	if err != nil {
 		return "", err
 	}
-	for _, c := range all {
-		if ours[c.UID] || c.Status.Allocation == nil {
+	return misfit(ctx, &simulate.Snapshot{Classes: snap.Classes, Slices: snap.Slices, Claims: all}, nodes, written)
+}
+
+// misfit judges allocated claims with the scheduler's allocator over the
+// snapshot's slices, beside every other allocated claim of the snapshot in
+// the pools they use, each confined to the devices it was allocated
+// (simulate.Cluster.Refit), and each beside the ones before it. It says
+// which claim does not fit and beside which others; "" when all fit.
+func misfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, claims []*resourceapi.ResourceClaim) (string, error) {
+	judged := map[types.UID]bool{}
+	pools := map[string]bool{} // driver/pool
+	for _, c := range claims {
+		judged[c.UID] = true
+		if c.Status.Allocation == nil {
 			continue
 		}
 		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.AdminAccess != nil && *r.AdminAccess {
-				continue
-			}
-			if mine, ok := devices[r.Driver+"/"+r.Pool+"/"+r.Device]; ok {
-				return fmt.Sprintf("device %s/%s of claim %s was allocated to claim %s/%s meanwhile", r.Pool, r.Device, mine, c.Namespace, c.Name), nil
-			}
+			pools[r.Driver+"/"+r.Pool] = true
+		}
+	}
+	cluster := snap.Cluster(
+		func(s *resourceapi.ResourceSlice) bool { return pools[s.Spec.Driver+"/"+s.Spec.Pool.Name] },
+		func(c *resourceapi.ResourceClaim) bool { return judged[c.UID] })
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		fits, err := cluster.Refit(ctx, allocationNode(c.Status.Allocation, nodes), c)
+		if err != nil {
+			return "", err
+		}
+		if !fits {
+			return notFitting(c, snap.Claims, snap.Slices), nil
 		}
 	}
 	return "", nil
+}
+
+// notFitting says which claims a claim of the placement no longer fits
+// beside: those holding one of its devices, or a device drawing on the same
+// counters (another partition of the same GPU).
+func notFitting(c *resourceapi.ResourceClaim, all []*resourceapi.ResourceClaim, slices []*resourceapi.ResourceSlice) string {
+	counters := map[string][]string{} // driver/pool/device -> driver/pool/counter set
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			for _, cc := range d.ConsumesCounters {
+				key := s.Spec.Driver + "/" + s.Spec.Pool.Name + "/"
+				counters[key+d.Name] = append(counters[key+d.Name], key+cc.CounterSet)
+			}
+		}
+	}
+	mine := map[string]bool{} // devices and counter sets of c
+	var devices []string
+	for _, r := range c.Status.Allocation.Devices.Results {
+		key := r.Driver + "/" + r.Pool + "/" + r.Device
+		mine[key] = true
+		for _, set := range counters[key] {
+			mine[set] = true
+		}
+		devices = append(devices, r.Pool+"/"+r.Device)
+	}
+	var rivals []string
+	for _, o := range all {
+		if o.Status.Allocation == nil || o.UID == c.UID {
+			continue
+		}
+		for _, r := range o.Status.Allocation.Devices.Results {
+			key := r.Driver + "/" + r.Pool + "/" + r.Device
+			touches := mine[key]
+			for _, set := range counters[key] {
+				touches = touches || mine[set]
+			}
+			if touches && (r.AdminAccess == nil || !*r.AdminAccess) {
+				rivals = append(rivals, fmt.Sprintf("claim %s/%s (%s/%s)", o.Namespace, o.Name, r.Pool, r.Device))
+				break
+			}
+		}
+	}
+	what := fmt.Sprintf("claim %s/%s (%s) no longer fits", c.Namespace, c.Name, strings.Join(devices, ", "))
+	if len(rivals) == 0 {
+		return what + " beside the other allocations of its pools"
+	}
+	if len(rivals) > 3 {
+		rivals = append(rivals[:3], fmt.Sprintf("%d more", len(rivals)-3))
+	}
+	return what + " beside " + strings.Join(rivals, ", ") + " (the same device, another partition of its GPU, or more of a shared GPU than is left)"
+}
+
+// allocationNode is a node an allocation's selector points to, as the
+// allocator needs one to pick the pools' slices: the node of a node-local
+// allocation, else the first known node its selector matches.
+func allocationNode(a *resourceapi.AllocationResult, nodes map[string]*v1.Node) *v1.Node {
+	if name := nodeNameOf(a.NodeSelector); name != "" {
+		if n, ok := nodes[name]; ok {
+			return n
+		}
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name}}}
+	}
+	names := make([]string, 0, len(nodes))
+	for name := range nodes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var sel *nodeaffinity.NodeSelector
+	if a.NodeSelector != nil {
+		sel, _ = nodeaffinity.NewNodeSelector(a.NodeSelector)
+	}
+	for _, name := range names {
+		if sel == nil || sel.Match(nodes[name]) {
+			return nodes[name]
+		}
+	}
+	return &v1.Node{}
 }
 
 // release narrows a gated member to its node (if it has one: a member

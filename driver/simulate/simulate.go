@@ -67,6 +67,11 @@ func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*reso
 // AllocateOnNode is Allocate on a node object, whose labels the pools' node
 // selectors are matched against.
 func (c *Cluster) AllocateOnNode(ctx context.Context, node *v1.Node, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	return c.allocate(ctx, node, c.slices, claims)
+}
+
+// allocate runs the allocator over slices with what the cluster holds taken.
+func (c *Cluster) allocate(ctx context.Context, node *v1.Node, slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
 	c.mu.Lock()
 	state := structured.AllocatedState{
 		AllocatedDevices:         c.allocated.Clone(),
@@ -74,7 +79,7 @@ func (c *Cluster) AllocateOnNode(ctx context.Context, node *v1.Node, claims ...*
 		AggregatedCapacity:       c.capacity.Clone(),
 	}
 	c.mu.Unlock()
-	alloc, err := structured.NewAllocator(ctx, Features, state, lister(c.classes), c.slices, c.cache)
+	alloc, err := structured.NewAllocator(ctx, Features, state, lister(c.classes), slices, c.cache)
 	if err != nil {
 		return nil, fmt.Errorf("create allocator: %w", err)
 	}

@@ -277,6 +277,8 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
 	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
 	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
+	t.Run("AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", func(t *testing.T) { e.refusedAtPrepare(ctx, t) })
+	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
 	// Last: the cluster loses a node.
 	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
 }

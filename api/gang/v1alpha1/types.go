@@ -39,6 +39,12 @@ const (
 	// were all written: only its members' gates are released. A placement
 	// without it is rolled back.
 	AnnotationCommitted = Group + "/committed-placement"
+	// AnnotationUncommitted, on the gang, records a placement while its
+	// claims are written (JSON of UncommittedPlacement): set before the
+	// first claim is written, removed by the commit or the rollback. A
+	// controller that finds it clears those claims, whatever the gang's
+	// spec says by then.
+	AnnotationUncommitted = Group + "/uncommitted-placement"
 	// AnnotationGang is "<namespace>/<name>" of the gang.
 	AnnotationGang = Group + "/gang"
 	// AnnotationSize is the gang's size.
@@ -46,6 +52,13 @@ const (
 	// AnnotationRank is the member's rank, 0 to size-1.
 	AnnotationRank = Group + "/rank"
 )
+
+// UncommittedPlacement is the value of AnnotationUncommitted: a placement's
+// ID and the claims (of the gang's namespace) it writes.
+type UncommittedPlacement struct {
+	Placement string   `json:"placement"`
+	Claims    []string `json:"claims"`
+}
 
 // Finalizer keeps a gang until an uncommitted placement of it is rolled back.
 const Finalizer = Group + "/rollback"

@@ -1,0 +1,344 @@
+package gang
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// fakeCluster runs the reconciler against fake API clients: a clientset
+// holding classes, slices, nodes, pods and claims, and a dynamic client
+// holding gangs. Its listers are refilled from the clientset before each
+// reconcile, so every reconcile sees what the previous one wrote.
+type fakeCluster struct {
+	t       *testing.T
+	ctx     context.Context
+	client  *fake.Clientset
+	r       *reconciler
+	events  *record.FakeRecorder
+	evicted []string
+	pods    cache.Indexer
+	claims  cache.Indexer
+	nodes   cache.Indexer
+}
+
+func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.Node) *fakeCluster {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	var objs []runtime.Object
+	for _, c := range snap.Classes {
+		objs = append(objs, c)
+	}
+	for _, s := range snap.Slices {
+		objs = append(objs, s)
+	}
+	for _, n := range nodes {
+		objs = append(objs, n)
+	}
+	f := &fakeCluster{
+		t: t, ctx: ctx, client: fake.NewClientset(objs...), events: record.NewFakeRecorder(100),
+		pods:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
+		claims: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
+		nodes:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	// Eviction deletes the pod, as the API server does without a budget.
+	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		name := a.(k8stesting.CreateAction).GetObject().(metav1.Object).GetName()
+		f.evicted = append(f.evicted, name)
+		return true, nil, f.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("pods"), a.GetNamespace(), name)
+	})
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gangv1.GroupVersionResource: "GangList"})
+	f.r = &reconciler{
+		client: f.client, gangs: NewClient(dyn), driver: driver,
+		pods: corelisters.NewPodLister(f.pods), claims: resourcelisters.NewResourceClaimLister(f.claims), nodes: corelisters.NewNodeLister(f.nodes),
+		recorder: f.events, unschedulableGrace: time.Minute,
+	}
+	return f
+}
+
+// create adds objects to the clientset.
+func (f *fakeCluster) create(objs ...runtime.Object) {
+	f.t.Helper()
+	for _, o := range objs {
+		if err := f.client.Tracker().Add(o); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// reconcile refills the listers and reconciles the gang once.
+func (f *fakeCluster) reconcile(ns, name string) (result, error) {
+	f.t.Helper()
+	pods, err := f.client.CoreV1().Pods("").List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	claims, err := f.client.ResourceV1().ResourceClaims("").List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	nodes, err := f.client.CoreV1().Nodes().List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var items []any
+	for i := range pods.Items {
+		items = append(items, &pods.Items[i])
+	}
+	_ = f.pods.Replace(items, "")
+	items = nil
+	for i := range claims.Items {
+		items = append(items, &claims.Items[i])
+	}
+	_ = f.claims.Replace(items, "")
+	items = nil
+	for i := range nodes.Items {
+		items = append(items, &nodes.Items[i])
+	}
+	_ = f.nodes.Replace(items, "")
+	return f.r.reconcile(f.ctx, ns, name)
+}
+
+func (f *fakeCluster) claim(ns, name string) *resourceapi.ResourceClaim {
+	f.t.Helper()
+	c, err := f.client.ResourceV1().ResourceClaims(ns).Get(f.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fakeCluster) gang(ns, name string) *gangv1.Gang {
+	f.t.Helper()
+	g, err := f.r.gangs.Get(f.ctx, ns, name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return g
+}
+
+// drainEvents returns the events recorded so far.
+func (f *fakeCluster) drainEvents() []string {
+	var out []string
+	for {
+		select {
+		case e := <-f.events.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// gangMembers creates gang ml/g of n members labelled gang=g, each gated
+// with its own one-GPU claim <pod>-gpu, sharing domain claim "domain".
+func (f *fakeCluster) gangMembers(n int) {
+	f.t.Helper()
+	domain := newClaim("domain", "domain.gpu.tessera.dev", 1)
+	f.create(domain)
+	for i := range n {
+		name := fmt.Sprintf("m-%d", i)
+		pod := &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-pod-" + name), Labels: map[string]string{"gang": "g"}},
+			Spec: v1.PodSpec{
+				SchedulingGates: []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}},
+				ResourceClaims: []v1.PodResourceClaim{
+					{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")},
+					{Name: "domain", ResourceClaimName: ptr.To("domain")},
+				},
+			},
+			Status: v1.PodStatus{Phase: v1.PodPending, ResourceClaimStatuses: []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To(name + "-gpu")}}},
+		}
+		claim := newClaim(name+"-gpu", "gpu.tessera.dev", 1)
+		claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name, UID: pod.UID, Controller: ptr.To(true)}}
+		f.create(pod, claim)
+	}
+	g := labelGangOf("g", int32(n), "domain")
+	if _, err := f.r.gangs.Create(f.ctx, g); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func labelGangOf(name string, size int32, domain string) *gangv1.Gang {
+	return &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"},
+		Spec: gangv1.GangSpec{Size: size, DomainClaimName: domain,
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"gang": name}}},
+	}
+}
+
+// An interrupted placement is rolled back from what it wrote, even when the
+// gang's spec changed meanwhile so that its members are no longer the pods
+// the claims were written for, or the spec is no longer valid.
+func TestAnInterruptedPlacementIsRolledBackWhateverTheSpecSaysNow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*gangv1.Gang)
+	}{
+		{"the selector now picks other pods", func(g *gangv1.Gang) { g.Spec.Selector.MatchLabels = map[string]string{"gang": "other"} }},
+		{"the spec is no longer valid", func(g *gangv1.Gang) { g.Spec.Selector = metav1.LabelSelector{} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, nodes := trays(t, map[string]uint32{"a1": 1})
+			f := newFakeCluster(t, snap, nodes)
+			f.gangMembers(2)
+			var writes atomic.Int32
+			f.r.interrupt = func(step string) bool { return step == StepClaimWritten && writes.Add(1) == 1 }
+			if _, err := f.reconcile("ml", "g"); err != errInterrupted {
+				t.Fatalf("first reconcile: %v, want it interrupted after a claim was written", err)
+			}
+			var allocated []string
+			for _, name := range []string{"m-0-gpu", "m-1-gpu", "domain"} {
+				if f.claim("ml", name).Status.Allocation != nil {
+					allocated = append(allocated, name)
+				}
+			}
+			if len(allocated) == 0 {
+				t.Fatal("nothing written before the interruption: the test does not exercise a cut placement")
+			}
+			g := f.gang("ml", "g")
+			tc.change(g)
+			if _, err := f.r.gangs.Update(f.ctx, g); err != nil {
+				t.Fatal(err)
+			}
+			f.r.interrupt = nil
+			for range 3 {
+				if _, err := f.reconcile("ml", "g"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, name := range allocated {
+				if a := f.claim("ml", name).Status.Allocation; a != nil {
+					t.Errorf("claim %s written before the interruption is still allocated: %+v", name, a.Devices.Results)
+				}
+			}
+			if events := strings.Join(f.drainEvents(), "\n"); !strings.Contains(events, gangv1.ReasonRolledBack) {
+				t.Errorf("no %s event; events:\n%s", gangv1.ReasonRolledBack, events)
+			}
+		})
+	}
+}
+
+// placedGang places gang ml/g of two members on tray a1 and binds them
+// there as the scheduler would: m-0 runs, m-1 waits on the node (Pending),
+// bound since boundFor ago. It returns m-1's GPU claim.
+func (f *fakeCluster) placedGang(boundFor time.Duration) *resourceapi.ResourceClaim {
+	f.t.Helper()
+	f.gangMembers(2)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		f.t.Fatal(err)
+	}
+	if f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted] == "" {
+		f.t.Fatal("the gang was not placed")
+	}
+	for _, name := range []string{"m-0", "m-1"} {
+		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if len(p.Spec.SchedulingGates) != 0 {
+			f.t.Fatalf("member %s not released", name)
+		}
+		p.Spec.NodeName = "a1"
+		p.Status.Phase = v1.PodRunning
+		p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue, LastTransitionTime: metav1.NewTime(time.Now().Add(-boundFor))}}
+		if name == "m-1" {
+			p.Status.Phase = v1.PodPending
+		}
+		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return f.claim("ml", "m-1-gpu")
+}
+
+// rivalOf allocates a claim of another workload the device of member's
+// claim, as the scheduler does when it allocates in the same moment the
+// controller writes the member's claim.
+func (f *fakeCluster) rivalOf(member *resourceapi.ResourceClaim) {
+	f.t.Helper()
+	rival := newClaim("rival", "gpu.tessera.dev", 1)
+	r := member.Status.Allocation.Devices.Results[0]
+	r.Request = "r"
+	rival.Status.Allocation = &resourceapi.AllocationResult{
+		Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{r}},
+		NodeSelector: member.Status.Allocation.NodeSelector,
+	}
+	rival.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "small", UID: "uid-small"}}
+	f.create(rival)
+}
+
+// A member bound to its node but refused at prepare (another claim was
+// allocated its device in the moment the placement was written) would
+// leave the gang holding every device with a member short forever: once
+// it has not started for the grace period, the gang is handled as one that
+// lost a member, with an event naming the device and the other claim.
+func TestABoundMemberWhoseDeviceIsAllocatedTwiceIsLost(t *testing.T) {
+	t.Run("past the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.rivalOf(f.placedGang(2 * time.Minute))
+		f.drainEvents()
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		events := strings.Join(f.drainEvents(), "\n")
+		if !strings.Contains(events, gangv1.ReasonMemberLost) || !strings.Contains(events, "member m-1") || !strings.Contains(events, "claim ml/rival") {
+			t.Errorf("no %s event naming member m-1 and claim ml/rival; events:\n%s", gangv1.ReasonMemberLost, events)
+		}
+		if len(f.evicted) != 2 {
+			t.Errorf("evicted %v, want both members", f.evicted)
+		}
+		if id := f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted]; id != "" {
+			t.Errorf("the lost placement %s is still committed", id)
+		}
+	})
+	t.Run("within the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.rivalOf(f.placedGang(20 * time.Second))
+		res, err := f.reconcile("ml", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.evicted) != 0 || res.requeueAfter <= 0 || res.requeueAfter > 40*time.Second {
+			t.Errorf("evicted %v, look again in %v; want nothing evicted yet and a look again within 40s", f.evicted, res.requeueAfter)
+		}
+	})
+	t.Run("no device allocated twice", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.placedGang(2 * time.Minute)
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		if len(f.evicted) != 0 {
+			t.Errorf("evicted %v: a member slow to start without a double allocation is not lost", f.evicted)
+		}
+	})
+}

@@ -1,0 +1,198 @@
+package gang
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+)
+
+// This file undoes placements: from the record a placement leaves on its
+// gang while it writes claims (whatever the gang's spec says by the time it
+// is read), from the claims of gated members, and when a gang is deleted.
+
+// recordPlacement writes on the gang, before any claim, which claims
+// placement id is about to write: whatever cuts the placement short (a
+// crash, a failed write, a conflict), the next reconcile rolls back exactly
+// those, even if the gang's selector or spec has changed meanwhile. It
+// returns the gang as updated.
+func (r *reconciler) recordPlacement(ctx context.Context, g *gangv1.Gang, id string, ws []claimWrite) (*gangv1.Gang, error) {
+	rec := gangv1.UncommittedPlacement{Placement: id}
+	for _, w := range ws {
+		rec.Claims = append(rec.Claims, w.claim.Name)
+	}
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	g = g.DeepCopy()
+	if g.Annotations == nil {
+		g.Annotations = map[string]string{}
+	}
+	g.Annotations[gangv1.AnnotationUncommitted] = string(raw)
+	out, err := r.gangs.Update(ctx, g)
+	if err != nil {
+		return nil, fmt.Errorf("record placement %s of gang %s/%s before writing its claims: %w", id, g.Namespace, g.Name, err)
+	}
+	return out, nil
+}
+
+// recordOf decodes the gang's uncommitted placement; ok is false without
+// one. A record that does not decode names no claims: it is dropped.
+func recordOf(g *gangv1.Gang) (rec gangv1.UncommittedPlacement, ok bool) {
+	raw, ok := g.Annotations[gangv1.AnnotationUncommitted]
+	if !ok {
+		return rec, false
+	}
+	_ = json.Unmarshal([]byte(raw), &rec)
+	return rec, true
+}
+
+// rollBackRecorded clears the claims the gang's uncommitted placement
+// recorded (those still allocated for that placement: a claim written
+// again since is left alone) and then drops the record. It returns how many
+// claims it freed; ok is false when the gang has no record. A record of
+// the committed placement (the commit removes it, so only a hand edit
+// leaves one) is dropped without clearing anything.
+func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (freed int, ok bool, _ error) {
+	rec, ok := recordOf(g)
+	if !ok {
+		return 0, false, nil
+	}
+	if rec.Placement != "" && rec.Placement != g.Annotations[gangv1.AnnotationCommitted] {
+		for _, name := range rec.Claims {
+			c, err := r.client.ResourceV1().ResourceClaims(g.Namespace).Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return freed, true, fmt.Errorf("roll back placement %s of gang %s/%s: read claim %s: %w", rec.Placement, g.Namespace, g.Name, name, err)
+			}
+			if c.Status.Allocation == nil || c.Annotations[gangv1.AnnotationPlacement] != rec.Placement {
+				continue
+			}
+			if err := clearClaim(ctx, r.client, g.Namespace, name, rec.Placement); err != nil {
+				return freed, true, fmt.Errorf("roll back placement %s of gang %s/%s: %w", rec.Placement, g.Namespace, g.Name, err)
+			}
+			freed++
+		}
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		fresh, err := r.gangs.Get(ctx, g.Namespace, g.Name)
+		if err != nil {
+			return err
+		}
+		if cur, ok := recordOf(fresh); !ok || cur.Placement != rec.Placement {
+			return nil
+		}
+		delete(fresh.Annotations, gangv1.AnnotationUncommitted)
+		_, err = r.gangs.Update(ctx, fresh)
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return freed, true, fmt.Errorf("drop the rolled-back placement %s of gang %s/%s: %w", rec.Placement, g.Namespace, g.Name, err)
+	}
+	if freed > 0 {
+		klog.FromContext(ctx).Info("Rolled back an uncommitted placement from its record", "placement", rec.Placement, "claims", freed)
+	}
+	return freed, true, nil
+}
+
+// rollBack frees what an uncommitted placement (one a crash interrupted, or
+// a lost one) left: allocations on gated members' claims, and the domain
+// claim once no pod it was reserved for exists. busy is true while the
+// domain claim still serves pods of an earlier placement.
+func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (busy bool, _ error) {
+	freed := 0
+	for _, m := range v.live {
+		if !m.gated() {
+			continue
+		}
+		for _, c := range m.claims {
+			id := c.Annotations[gangv1.AnnotationPlacement]
+			if c.Status.Allocation == nil || id == "" {
+				continue
+			}
+			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+				return false, err
+			}
+			freed++
+		}
+	}
+	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil {
+		for _, ref := range dc.Status.ReservedFor {
+			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
+				waiting(st, g.Generation, gangv1.ReasonPlacementPending, fmt.Sprintf("domain claim %s is still in use by pod %s of an earlier placement; waiting for it to end", dc.Name, ref.Name))
+				return true, nil
+			}
+		}
+		if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+			return false, err
+		}
+		freed++
+	}
+	if freed > 0 {
+		r.recorder.Eventf(g, v1.EventTypeNormal, gangv1.ReasonRolledBack, "rolled back an unfinished placement: freed %d claims", freed)
+		klog.FromContext(ctx).Info("Rolled back an unfinished placement", "claims", freed)
+		return true, nil
+	}
+	return false, nil
+}
+
+// finalize rolls back an unreleased placement of a deleted gang and lets it
+// go. Released members keep running; gated ones stay gated.
+func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) error {
+	if _, ok, err := r.rollBackRecorded(ctx, g); err != nil {
+		return err
+	} else if ok {
+		fresh, err := r.gangs.Get(ctx, g.Namespace, g.Name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		g = fresh
+	}
+	for _, m := range v.live {
+		if !m.gated() {
+			continue
+		}
+		for _, c := range m.claims {
+			if id := c.Annotations[gangv1.AnnotationPlacement]; id != "" && c.Status.Allocation != nil {
+				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
+		inUse := false
+		for _, ref := range dc.Status.ReservedFor {
+			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
+				inUse = true
+			}
+		}
+		if !inUse {
+			if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+				return err
+			}
+		}
+	}
+	if i := slices.Index(g.Finalizers, gangv1.Finalizer); i >= 0 {
+		g.Finalizers = slices.Delete(g.Finalizers, i, i+1)
+		if _, err := r.gangs.Update(ctx, g); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("remove finalizer of gang %s/%s: %w", g.Namespace, g.Name, err)
+		}
+	}
+	klog.FromContext(ctx).Info("Gang deleted; unreleased placement rolled back")
+	return nil
+}

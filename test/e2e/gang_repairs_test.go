@@ -1,0 +1,255 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/controller/gang"
+)
+
+// This file holds TestGangPlacement's subtests of what the controller
+// repairs: a member refused at prepare because the scheduler allocated its
+// device to another claim too, and a placement cut short whose gang's
+// selector changed before the controller came back.
+
+// refusedAtPrepare: the scheduler allocates a device to a small pod's claim
+// in the same moment the controller writes it to a member's claim, after
+// the re-check. Forced here: at the release step the test writes the small
+// claim's allocation onto member 0's device and lets the small pod start,
+// then the members are released. Member 0 is bound but the plugin refuses
+// its prepare; after the grace the gang is evicted and placed again without
+// that device, and no device is left allocated twice.
+func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
+	const ns = "refused"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	small := newGPUPod(ns, "small", gpuFrom("one-gpu"))
+	small.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+	noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, small, metav1.CreateOptions{})))
+	var smallClaim string
+	waitFor(ctx, t, "the small pod's claim", func() bool {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "small", metav1.GetOptions{})
+		if err == nil && len(p.Status.ResourceClaimStatuses) == 1 && p.Status.ResourceClaimStatuses[0].ResourceClaimName != nil {
+			smallClaim, small = *p.Status.ResourceClaimStatuses[0].ResourceClaimName, p
+		}
+		return smallClaim != ""
+	})
+	t.Cleanup(func() { e.c.deletePodsAndWait(context.WithoutCancel(ctx), t, small) })
+
+	// take gives the small claim member 0's device, as the scheduler would,
+	// and waits until the small pod runs on it: its prepare comes first.
+	var first string
+	var taken atomic.Pointer[resourceapi.DeviceRequestAllocationResult]
+	take := func() error {
+		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, mc := range list.Items {
+			if mc.Annotations[gangv1.AnnotationRank] != "0" || mc.Status.Allocation == nil {
+				continue
+			}
+			r := mc.Status.Allocation.Devices.Results[0]
+			sc, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, smallClaim, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			sc.Status.Allocation = &resourceapi.AllocationResult{
+				Devices:             resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: r.Driver, Pool: r.Pool, Device: r.Device}}},
+				NodeSelector:        mc.Status.Allocation.NodeSelector,
+				AllocationTimestamp: &metav1.Time{Time: time.Now()},
+			}
+			sc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: small.Name, UID: small.UID}}
+			if _, err := client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, sc, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			p, err := client.CoreV1().Pods(ns).Get(ctx, small.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			p.Spec.SchedulingGates = nil
+			if _, err := client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+				p, err := client.CoreV1().Pods(ns).Get(ctx, small.Name, metav1.GetOptions{})
+				return err == nil && p.Status.Phase == corev1.PodRunning, nil
+			})
+			if err != nil {
+				return fmt.Errorf("the small pod did not run on %s/%s: %w", r.Pool, r.Device, err)
+			}
+			first = mc.Annotations[gangv1.AnnotationPlacement]
+			taken.Store(&r)
+			return nil
+		}
+		return fmt.Errorf("no claim of rank 0 written")
+	}
+	var done atomic.Bool
+	var takeErr atomic.Value
+	e.restartController(t, func(step string) bool {
+		if step == gang.StepRelease && !done.Swap(true) {
+			if err := take(); err != nil {
+				takeErr.Store(err)
+			}
+		}
+		return false
+	})
+	began := time.Now()
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+
+	// The gang runs again, whole, as a new placement.
+	var second string
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		if takeErr.Load() != nil {
+			return true, nil
+		}
+		second = e.gs.get(ctx, t, ns, "train").Annotations[gangv1.AnnotationCommitted]
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+		if err != nil || first == "" || second == "" || second == first {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Annotations[gangv1.AnnotationPlacement] == second {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == 4, nil
+	})
+	if err, _ := takeErr.Load().(error); err != nil {
+		t.Fatalf("giving the small claim member 0's device: %v", err)
+	}
+	if err != nil {
+		var b strings.Builder
+		list, _ := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		for _, p := range list.Items {
+			fmt.Fprintf(&b, "  pod %s: %s node=%q placement=%q deleting=%v\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Annotations[gangv1.AnnotationPlacement], p.DeletionTimestamp != nil)
+		}
+		t.Fatalf("the gang was not placed again after member 0's prepare was refused (placement %q, was %q):\n%s%s\nevents:\n%s", second, first, describeConditions(e.gs.get(ctx, t, ns, "train")), b.String(), e.c.events(ctx, ns))
+	}
+	recovered := time.Since(began)
+	r := taken.Load()
+	events := e.c.events(ctx, ns)
+	if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) || !strings.Contains(events, "has not started") || !strings.Contains(events, "claim "+ns+"/"+smallClaim) {
+		t.Errorf("no %s event saying member 0 has not started beside claim %s; events:\n%s", gangv1.ReasonMemberLost, smallClaim, events)
+	}
+	// No device stays allocated twice: the old member's claim goes with its
+	// pod, the small pod keeps its device, the new placement avoids it.
+	var twice string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		twice = ""
+		held := map[string]string{}
+		for _, c := range list.Items {
+			if c.Status.Allocation == nil {
+				continue
+			}
+			for _, res := range c.Status.Allocation.Devices.Results {
+				key := res.Pool + "/" + res.Device
+				if other, dup := held[key]; dup {
+					twice += fmt.Sprintf(" %s (claims %s and %s)", key, other, c.Name)
+				}
+				held[key] = c.Name
+			}
+		}
+		return twice == "" && held[r.Pool+"/"+r.Device] == smallClaim, nil
+	})
+	if err != nil {
+		t.Errorf("devices allocated twice:%s; or the small claim lost %s/%s", twice, r.Pool, r.Device)
+	}
+	if p, err := client.CoreV1().Pods(ns).Get(ctx, small.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodRunning {
+		t.Errorf("the small pod no longer runs: %v", err)
+	}
+	t.Logf("the small claim took %s/%s of member 0 (placement %s); the gang runs again as placement %s on %v, %v after it was created",
+		r.Pool, r.Device, first, second, nodesOf(pods), recovered.Round(time.Second))
+	e.restartController(t, nil)
+}
+
+// selectorChangedMidPlacement: the controller dies after writing some of a
+// gang's claims; before it comes back, the gang's selector changes so that
+// it picks other pods (none here). The next leader rolls back what the cut
+// placement wrote from its record on the gang, although the pods the claims
+// were written for are no longer members: they stay gated, holding nothing.
+func (e gangEnv) selectorChangedMidPlacement(ctx context.Context, t *testing.T) {
+	const ns = "respec"
+	e.setUp(ctx, t, ns)
+	var reached atomic.Int32
+	dying := e.restartController(t, func(step string) bool {
+		return step == gang.StepClaimWritten && reached.Add(1) == 2
+	})
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
+	e.gs.create(ctx, t, labelGang(ns, "g", 4, "g-domain"))
+	e.c.createMembers(ctx, t, ns, "g", "one-gpu", "g-domain", 4)
+	select {
+	case <-dying.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the controller was not interrupted")
+	}
+	allocated := 0
+	for _, p := range e.c.gangPods(ctx, t, ns, "g") {
+		if a := getClaim(ctx, t, e.c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName).Status.Allocation; a != nil {
+			allocated++
+		}
+	}
+	if allocated == 0 {
+		t.Fatal("nothing allocated at the interruption: the test does not exercise a cut placement")
+	}
+	gangs := e.gs.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns)
+	u, err := gangs.Get(ctx, "g", metav1.GetOptions{})
+	noErr(t, err)
+	noErr(t, unstructured.SetNestedStringMap(u.Object, map[string]string{"gang": "g-renamed"}, "spec", "selector", "matchLabels"))
+	noErr(t, ok(gangs.Update(ctx, u, metav1.UpdateOptions{})))
+
+	began := time.Now()
+	*e.ctl = startController(e.parent, e.kubeconfig, "", nil)
+	err = wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := e.c.Client().ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range list.Items {
+			if c.Status.Allocation != nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		list, _ := e.c.Client().ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		var b strings.Builder
+		for _, c := range list.Items {
+			fmt.Fprintf(&b, "  claim %s: allocated=%v placement=%q\n", c.Name, c.Status.Allocation != nil, c.Annotations[gangv1.AnnotationPlacement])
+		}
+		t.Fatalf("the claims the cut placement wrote are not freed after the gang's selector changed:\n%s%s", b.String(), describeConditions(e.gs.get(ctx, t, ns, "g")))
+	}
+	e.c.checkHeldNothing(ctx, t, ns, e.c.gangPods(ctx, t, ns, "g"), "g-domain")
+	if !e.c.hasEvent(ctx, ns, "g", gangv1.ReasonRolledBack) {
+		t.Errorf("no %s event on the gang; events:\n%s", gangv1.ReasonRolledBack, e.c.events(ctx, ns))
+	}
+	if _, ok := e.gs.get(ctx, t, ns, "g").Annotations[gangv1.AnnotationUncommitted]; ok {
+		t.Errorf("the gang still records the rolled-back placement")
+	}
+	t.Logf("%d member claims written before the crash; freed %v after the controller came back, the selector no longer picking their pods", allocated, time.Since(began).Round(100*time.Millisecond))
+	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "g")
+}
