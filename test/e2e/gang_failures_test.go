@@ -64,7 +64,20 @@ func (e gangEnv) restartController(t *testing.T, interrupt func(string) bool) *r
 // re-check (what the scheduler binding a pod meanwhile does). The gang is
 // rolled back and placed again without that device.
 func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
-	const ns = "race"
+	e.takenBeforeTheCommit(ctx, t, "race", func(device string) string { return device })
+}
+
+// partitionTakenBeforeTheCommit: as deviceTakenBeforeTheCommit, but the
+// rival takes a MIG partition of a GPU the controller has just written
+// whole for a member: no device ID is shared, the GPU's counters are, and
+// the re-check must see it as the allocator would.
+func (e gangEnv) partitionTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
+	e.takenBeforeTheCommit(ctx, t, "race-mig", func(device string) string { return device + "-mig-1g23gb-6" })
+}
+
+// takenBeforeTheCommit gives the rival rivalDevice(d) of the first member
+// device d the controller wrote, at its commit step.
+func (e gangEnv) takenBeforeTheCommit(ctx context.Context, t *testing.T, ns string, rivalDevice func(string) string) {
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
 	// The rival: a pod held back by a gate of its own, whose claim the test
@@ -99,7 +112,7 @@ func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
 				return err
 			}
 			rc.Status.Allocation = &resourceapi.AllocationResult{
-				Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: r.Driver, Pool: r.Pool, Device: r.Device}}},
+				Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: r.Driver, Pool: r.Pool, Device: rivalDevice(r.Device)}}},
 				NodeSelector: mc.Status.Allocation.NodeSelector,
 			}
 			rc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: rival.Name, UID: rival.UID}}
@@ -152,10 +165,10 @@ func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
 		t.Errorf("member %s holds %s/%s, which the rival took before the commit", m, r.Pool, r.Device)
 	}
 	rc := getClaim(ctx, t, e.c, ns, rivalClaim)
-	if rc.Status.Allocation == nil || rc.Status.Allocation.Devices.Results[0].Device != r.Device {
-		t.Errorf("the rival lost %s/%s: %+v", r.Pool, r.Device, rc.Status.Allocation)
+	if rc.Status.Allocation == nil || rc.Status.Allocation.Devices.Results[0].Device != rivalDevice(r.Device) {
+		t.Errorf("the rival lost %s/%s: %+v", r.Pool, rivalDevice(r.Device), rc.Status.Allocation)
 	}
-	t.Logf("rival took %s/%s before the commit; the gang was rolled back and placed on %v", r.Pool, r.Device, held)
+	t.Logf("rival took %s/%s before the commit; the gang was rolled back and placed on %v", r.Pool, rivalDevice(r.Device), held)
 	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "g")
 	e.restartController(t, nil)
 }

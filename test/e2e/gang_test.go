@@ -274,6 +274,7 @@ func TestGangPlacement(t *testing.T) {
 
 	e := gangEnv{parent: parent, c: c, gs: gs, kubeconfig: kubeconfig, ctl: &ctl}
 	t.Run("ADeviceTakenBeforeTheCommitRollsTheGangBackAndItIsPlacedWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheCommit(ctx, t) })
+	t.Run("APartitionOfAMembersGPUTakenBeforeTheCommitRollsTheGangBack", func(t *testing.T) { e.partitionTakenBeforeTheCommit(ctx, t) })
 	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
 	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
 	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
