@@ -27,8 +27,9 @@ import (
 // TestNodeLockMatchesThePluginsServiceAccount: in every combination each
 // admission policy matches exactly the user its component's pods run as
 // (the service account in the release namespace): the node-lock and MPS-lock
-// policies the DaemonSet's; each is bound to deny; and the accounts exist
-// and are bound to their roles. A policy that names another
+// policies the DaemonSet's, the controller's policies the controller
+// Deployment's (rendered only with it); each is bound to deny; and the
+// accounts exist and are bound to their roles. A policy that names another
 // account never applies, and nothing would notice (the NVIDIA chart's #1317).
 func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 	for _, c := range Combinations() {
@@ -43,6 +44,10 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 		for _, d := range find[*appsv1.Deployment](r) {
 			if d.Name == "tessera-controller" {
 				checkAccountBound(t, c.Name, r, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, "tessera-controller", "tessera-controller-leader")
+				user := serviceAccountUser(d.Namespace, d.Spec.Template.Spec.ServiceAccountName)
+				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices"} {
+					want[p] = user
+				}
 			}
 		}
 		bindings := map[string][]admissionregistrationv1.ValidationAction{}

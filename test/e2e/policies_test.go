@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/driver/mps"
@@ -29,8 +31,9 @@ import (
 )
 
 // This file holds the checks TestHelmChartAppliesOnTheAPIServer runs after
-// installing each values combination: what a node's token may write, with
-// the chart's admission policies loaded on the real API server.
+// installing each values combination: what a node's token and the
+// controller's token may write, with the chart's admission policies loaded
+// on the real API server.
 
 // tokenClient is an API client with a token of service account
 // namespace/account, bound to node boundTo (none when empty), as the
@@ -245,6 +248,208 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 	if err := pods.Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("%s: the plugin's account cannot delete its own node's daemon pod: %v", combo, err)
 	}
+}
+
+// checkControllerLock writes as the chart's tessera-controller service
+// account in namespace, with the chart's controller policies loaded:
+// releasing a gated gang member as controller/gang does (remove the gate
+// gang.tessera.dev/placement, pin to a node, annotate) is accepted, while
+// changing a member's image, removing another gate, adding a toleration or a
+// label, or touching an ungated pod is refused; only node-less
+// gpu.tessera.dev slices can be written (not another driver's, not a
+// node's); and only claims annotated with their gang can be allocated, while
+// annotating a claim with its gang is all the metadata it may change.
+func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
+	t.Helper()
+	admin := c.Client()
+	ctl := tokenClient(ctx, t, c, namespace, rbac.ControllerAccount, "")
+	defer forceDeletePods(ctx, t, admin, namespace, "app=train")
+	start := time.Now()
+
+	// Pods.
+	member := func(name string, gates ...string) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app": "train"}},
+			Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1"}},
+			},
+		}
+		for _, g := range append([]string{gangv1.SchedulingGate}, gates...) {
+			p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
+		}
+		created, err := admin.CoreV1().Pods(namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	release := func(p *corev1.Pod) *corev1.Pod {
+		p = p.DeepCopy()
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[gangv1.AnnotationPlacement] = "p-1"
+		p.Annotations[gangv1.AnnotationRank] = "0"
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"node-a"}}}}}}}}
+		var kept []corev1.PodSchedulingGate
+		for _, g := range p.Spec.SchedulingGates {
+			if g.Name != gangv1.SchedulingGate {
+				kept = append(kept, g)
+			}
+		}
+		p.Spec.SchedulingGates = kept
+		return p
+	}
+	update := func(p *corev1.Pod) error {
+		_, err := ctl.CoreV1().Pods(namespace).Update(ctx, p, metav1.UpdateOptions{})
+		return err
+	}
+	err := refusedOnceLoaded(ctx, func(n int) error {
+		p := release(member(fmt.Sprintf("probe-%d", n)))
+		p.Spec.Containers[0].Image = "registry.example/other:1"
+		return update(p)
+	}, func(int) {})
+	if !expectRefusal(t, combo+": the controller releases a member with another image", err, "may not change a pod's containers (images)") {
+		return
+	}
+	t.Logf("%s: controller policies refused an image change %v after the install", combo, time.Since(start).Round(time.Millisecond))
+
+	if err := update(release(member("member-0"))); err != nil {
+		t.Errorf("%s: the controller cannot release a gang member as controller/gang does: %v", combo, err)
+	}
+	p := release(member("member-1", "example.com/other"))
+	p.Spec.SchedulingGates = nil
+	expectRefusal(t, combo+": the controller removes another gate", update(p), "no other gate")
+	p = release(member("member-2"))
+	p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
+	expectRefusal(t, combo+": the controller adds a toleration", update(p), "tolerations")
+	p = release(member("member-3"))
+	p.Labels["app"] = "other"
+	expectRefusal(t, combo+": the controller changes a label", update(p), "no other metadata")
+	p = release(member("member-4"))
+	p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions = []corev1.NodeSelectorRequirement{
+		{Key: "example.com/pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}
+	expectRefusal(t, combo+": the controller adds another node requirement", update(p), "pin a gang member to one node")
+	released, err := admin.CoreV1().Pods(namespace).Get(ctx, "member-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released.Annotations["example.com/note"] = "x"
+	expectRefusal(t, combo+": the controller annotates an ungated pod", update(released), "may only release gang members")
+
+	// Slices.
+	slices := ctl.ResourceV1().ResourceSlices()
+	slice := func(name, driver string, node *string) *resourceapi.ResourceSlice {
+		s := &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + name},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: node,
+				Pool: resourceapi.ResourcePool{Name: name, ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "channel-0"}}},
+		}
+		if node == nil {
+			s.Spec.AllNodes = ptr.To(true)
+		}
+		return s
+	}
+	err = refusedOnceLoaded(ctx, func(int) error {
+		_, err := slices.Create(ctx, slice("other", "other.example.com", nil), metav1.CreateOptions{})
+		return err
+	}, func(int) {
+		_ = admin.ResourceV1().ResourceSlices().Delete(ctx, combo+"-other", metav1.DeleteOptions{})
+	})
+	if !expectRefusal(t, combo+": the controller writes another driver's slice", err, "node-less ResourceSlices of driver gpu.tessera.dev") {
+		return
+	}
+	_, err = slices.Create(ctx, slice("node-a", driverName, ptr.To("node-a")), metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller writes a node's slice", err, "node-less ResourceSlices of driver gpu.tessera.dev")
+	nodeSlice, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("node-b", driverName, ptr.To("node-b")), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": the controller deletes a node's slice", slices.Delete(ctx, nodeSlice.Name, metav1.DeleteOptions{}), "node-less ResourceSlices of driver gpu.tessera.dev")
+	_ = admin.ResourceV1().ResourceSlices().Delete(ctx, nodeSlice.Name, metav1.DeleteOptions{})
+	domain, err := slices.Create(ctx, slice("domain", driverName, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Errorf("%s: the controller cannot write a domain pool's slice: %v", combo, err)
+	} else if err := slices.Delete(ctx, domain.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot delete a domain pool's slice: %v", combo, err)
+	}
+
+	// Claims.
+	claims := ctl.ResourceV1().ResourceClaims(namespace)
+	claim, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "member-0-gpu", Namespace: namespace},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driverName}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { // without its finalizer, so that the namespace can go
+		if c, err := admin.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{}); err == nil {
+			c.Finalizers = nil
+			_, _ = admin.ResourceV1().ResourceClaims(namespace).Update(ctx, c, metav1.UpdateOptions{})
+		}
+	}()
+	allocate := func(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+		c = c.DeepCopy()
+		c.Status.Allocation = &resourceapi.AllocationResult{
+			Devices:             resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: driverName, Pool: "node-a", Device: "gpu-0"}}},
+			AllocationTimestamp: &metav1.Time{Time: time.Now()},
+		}
+		return c
+	}
+	err = refusedOnceLoaded(ctx, func(int) error {
+		_, err := claims.UpdateStatus(ctx, allocate(claim), metav1.UpdateOptions{})
+		return err
+	}, func(int) {
+		fresh, err := admin.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+		if err == nil {
+			fresh.Status.Allocation = nil
+			claim, _ = admin.ResourceV1().ResourceClaims(namespace).UpdateStatus(ctx, fresh, metav1.UpdateOptions{})
+		}
+	})
+	if !expectRefusal(t, combo+": the controller allocates a claim of no gang", err, "claims of the gangs it places") {
+		return
+	}
+	labelled := claim.DeepCopy()
+	labelled.Labels = map[string]string{"example.com/x": "y"}
+	_, err = claims.Update(ctx, labelled, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": the controller labels a claim", err, "may only annotate a claim with its gang")
+	annotated := claim.DeepCopy()
+	annotated.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationSize: "1", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0"}
+	annotated.Finalizers = append(annotated.Finalizers, "resource.kubernetes.io/delete-protection")
+	if annotated, err = claims.Update(ctx, annotated, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot annotate a claim with its gang as controller/gang does: %v", combo, err)
+		return
+	}
+	allocated, err := claims.UpdateStatus(ctx, allocate(annotated), metav1.UpdateOptions{})
+	if err != nil {
+		t.Errorf("%s: the controller cannot allocate its gang's claim: %v", combo, err)
+		return
+	}
+	allocated.Status.Allocation = nil
+	if _, err := claims.UpdateStatus(ctx, allocated, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot clear its gang's claim: %v", combo, err)
+	}
+}
+
+// rendersController reports whether the rendered chart runs tessera-controller.
+func rendersController(t *testing.T, manifests []helm.Manifest) bool {
+	t.Helper()
+	for _, m := range manifests {
+		if m.Kind != "Deployment" {
+			continue
+		}
+		var d metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal([]byte(m.YAML), &d); err != nil {
+			t.Fatalf("%s: %v", m.Source, err)
+		}
+		if d.Name == "tessera-controller" {
+			return true
+		}
+	}
+	return false
 }
 
 // forceDeletePods deletes the pods matching selector at once.

@@ -58,6 +58,11 @@ driver root, or a fake node's files under the data directory (--fake-root).
 {{- if .Values.kubeletPlugin.fakeNode }}{{ include "tessera.kubeletPlugin.dataDir" . }}/fake-node{{ else }}{{ .Values.kubeletPlugin.driverRoot }}{{ end }}
 {{- end }}
 
+{{/* The user name the API server gives tessera-controller's pods. */}}
+{{- define "tessera.controller.userName" -}}
+system:serviceaccount:{{ .Release.Namespace }}:tessera-controller
+{{- end }}
+
 {{/*
 A component's --metrics-address from its values: metricsBindAddress (an IPv6
 address in brackets) and metricsPort.
