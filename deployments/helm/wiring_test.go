@@ -3,6 +3,7 @@ package helm
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
@@ -23,31 +24,54 @@ import (
 	"github.com/tessera-dev/tessera/webhook"
 )
 
-// TestNodeLockMatchesThePluginsServiceAccount: in every combination the
-// node-lock policy matches exactly the user the DaemonSet's pods run as
-// (its service account in its namespace), and that account exists and is
-// bound to the plugin's roles. A policy that names another account never
-// applies, and nothing would notice (the NVIDIA chart's #1317).
+// TestNodeLockMatchesThePluginsServiceAccount: in every combination each
+// admission policy matches exactly the user its component's pods run as
+// (the service account in the release namespace): the node-lock and MPS-lock
+// policies the DaemonSet's, the controller's policies the controller
+// Deployment's (rendered only with it); each is bound to deny; and the
+// accounts exist and are bound to their roles. A policy that names another
+// account never applies, and nothing would notice (the NVIDIA chart's #1317).
 func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 	for _, c := range Combinations() {
 		r := renderT(t, c)
 		ds := one(t, c.Name, find[*appsv1.DaemonSet](r))
-		user := serviceAccountUser(ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
-		vap := one(t, c.Name, find[*admissionregistrationv1.ValidatingAdmissionPolicy](r))
-		want := []admissionregistrationv1.MatchCondition{{
-			Name: "is-tessera-kubelet-plugin", Expression: fmt.Sprintf("request.userInfo.username == %q", user)}}
-		if !slices.Equal(vap.Spec.MatchConditions, want) {
-			t.Errorf("%s: node-lock policy matches %+v, want exactly the DaemonSet's user %s", c.Name, vap.Spec.MatchConditions, user)
-		}
-		binding := one(t, c.Name, find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r))
-		if binding.Spec.PolicyName != vap.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
-			t.Errorf("%s: node-lock binding %+v does not deny through policy %s", c.Name, binding.Spec, vap.Name)
+		pluginUser := serviceAccountUser(ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+		want := map[string]string{ // policy -> user it must match
+			"tessera-kubelet-plugin-node-lock": pluginUser,
+			"tessera-kubelet-plugin-mps-lock":  pluginUser,
 		}
 		checkAccountBound(t, c.Name, r, ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName, "tessera-kubelet-plugin", "tessera-kubelet-plugin-mps")
 		for _, d := range find[*appsv1.Deployment](r) {
 			if d.Name == "tessera-controller" {
 				checkAccountBound(t, c.Name, r, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, "tessera-controller", "tessera-controller-leader")
+				user := serviceAccountUser(d.Namespace, d.Spec.Template.Spec.ServiceAccountName)
+				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices"} {
+					want[p] = user
+				}
 			}
+		}
+		bindings := map[string][]admissionregistrationv1.ValidationAction{}
+		for _, b := range find[*admissionregistrationv1.ValidatingAdmissionPolicyBinding](r) {
+			bindings[b.Spec.PolicyName] = b.Spec.ValidationActions
+		}
+		var got []string
+		for _, vap := range find[*admissionregistrationv1.ValidatingAdmissionPolicy](r) {
+			got = append(got, vap.Name)
+			user, ok := want[vap.Name]
+			if !ok {
+				continue
+			}
+			conds := vap.Spec.MatchConditions
+			if len(conds) != 1 || conds[0].Expression != fmt.Sprintf("request.userInfo.username == %q", user) {
+				t.Errorf("%s: policy %s matches %+v, want exactly the user %s", c.Name, vap.Name, conds, user)
+			}
+			if !slices.Equal(bindings[vap.Name], []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+				t.Errorf("%s: policy %s is bound with actions %v, want exactly Deny", c.Name, vap.Name, bindings[vap.Name])
+			}
+		}
+		slices.Sort(got)
+		if wantNames := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantNames) {
+			t.Errorf("%s: policies rendered %v, want %v", c.Name, got, wantNames)
 		}
 	}
 }

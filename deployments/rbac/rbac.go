@@ -15,13 +15,21 @@ var KubeletPlugin []byte
 //go:embed node-lock.yaml
 var NodeLock []byte
 
+// MPSLock is the ValidatingAdmissionPolicy that lets the kubelet plugin's
+// pod rights run nothing but its node's MPS control daemons (driver/mps),
+// with the chart's default image, data directory and driver root.
+//
+//go:embed mps-lock.yaml
+var MPSLock []byte
+
 // Namespace and ServiceAccount the kubelet plugin runs as.
 const (
 	Namespace            = "tessera-system"
 	KubeletPluginAccount = "tessera-kubelet-plugin"
 )
 
-// Controller is tessera-controller's service account and roles (apply after
+// Controller is tessera-controller's service account and roles, and the
+// ValidatingAdmissionPolicies that narrow its writes (apply after
 // KubeletPlugin, which creates the namespace).
 //
 //go:embed controller.yaml

@@ -86,7 +86,7 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edit
 			return cdi.Edits{}, fmt.Errorf("MPS directories: %w", err)
 		}
 	}
-	pod := d.pod(daemon)
+	pod := d.Pod(daemon)
 	_, err := d.Client.CoreV1().Pods(d.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return cdi.Edits{}, fmt.Errorf("create MPS daemon pod %s/%s: %w", d.Namespace, pod.Name, err)
@@ -106,9 +106,16 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edit
 	}, nil
 }
 
-// pod is the daemon's pod: pinned to this node, restarted when it exits,
-// tolerating every taint (it serves pods already admitted here).
-func (d *Daemons) pod(daemon prepare.MPSDaemon) *corev1.Pod {
+// Pod is the daemon's pod: pinned to this node, restarted when it exits,
+// tolerating every taint (it serves pods already admitted here). It is the
+// only pod the chart's MPS-lock admission policy lets the plugin's token
+// create (deployments/rbac/mps-lock.yaml): this node, the MPS image, the
+// daemon's command and environment, the default service account without a
+// token, no host namespaces, and host directories limited to the claim's
+// pipe, log and shm directories under Dir and the driver root read-only.
+// Change both together (TestHelmChartAppliesOnTheAPIServer creates this pod
+// with a node's token).
+func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 	hostDir := func(name, path string) corev1.Volume {
 		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
 	}
@@ -136,7 +143,9 @@ func (d *Daemons) pod(daemon prepare.MPSDaemon) *corev1.Pod {
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			AutomountServiceAccountToken:  ptr.To(false),
+			// The daemon calls no API: no token in the pod.
+			ServiceAccountName:           "default",
+			AutomountServiceAccountToken: ptr.To(false),
 			Containers: []corev1.Container{{
 				Name:    "mps-control-daemon",
 				Image:   d.Image,

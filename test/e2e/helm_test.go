@@ -38,7 +38,14 @@ import (
 // Certificate, and only where cert-manager was asked for. After each
 // combination the kubelet plugin's service account, with a token bound to a
 // node, is refused writing another node's ResourceSlice: the chart's
-// node-lock policy applies to the DaemonSet's account in that namespace.
+// node-lock policy applies to the DaemonSet's account in that namespace
+// (checkNodeLock). With that token it can create the MPS daemon pod
+// driver/mps builds from the DaemonSet's flags and nothing else: no pod on
+// another node, as another service account or with a token, with another
+// image or command, more host paths or host access (checkMPSLock). Where the
+// controller is rendered, its service account can release gang members and
+// write its domain slices and gang claims, but not change a pod's image nor
+// write another driver's or a node's slice (checkControllerLock).
 // Each combination's cluster-scoped objects are deleted before the next, so
 // each is created afresh.
 func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
@@ -77,6 +84,10 @@ func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
 		t.Logf("%s: rendered in %v; %d objects created on the API server in %v", combo.Name, rendered.Round(time.Millisecond), len(created), applied.Round(time.Millisecond))
 
 		checkNodeLock(ctx, t, c, combo.Name, combo.Release.Namespace)
+		checkMPSLock(ctx, t, c, combo.Name, combo.Release.Namespace, manifests)
+		if rendersController(t, manifests) {
+			checkControllerLock(ctx, t, c, combo.Name, combo.Release.Namespace)
+		}
 		a.deleteClusterScoped(ctx, t, combo.Name, created)
 	}
 }

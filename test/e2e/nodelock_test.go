@@ -6,12 +6,10 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/deployments/rbac"
@@ -95,24 +93,5 @@ func TestNodeLockedSliceWrites(t *testing.T) {
 // the kubelet's projected token of a DaemonSet pod is.
 func pluginTokenClient(ctx context.Context, t *testing.T, c *cluster.Cluster, namespace, boundTo string) kubernetes.Interface {
 	t.Helper()
-	admin := c.Client()
-	spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}
-	if boundTo != "" {
-		node, err := admin.CoreV1().Nodes().Get(ctx, boundTo, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
-	}
-	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, rbac.KubeletPluginAccount, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("token of %s/%s bound to %q: %v", namespace, rbac.KubeletPluginAccount, boundTo, err)
-	}
-	cfg := rest.AnonymousClientConfig(c.RESTConfig())
-	cfg.BearerToken = tr.Status.Token
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client
+	return tokenClient(ctx, t, c, namespace, rbac.KubeletPluginAccount, boundTo)
 }

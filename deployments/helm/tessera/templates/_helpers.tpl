@@ -43,6 +43,27 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.kubeletPlugin
 {{- end }}
 
 {{/*
+The image of MPS control-daemon pods (--mps-image): the only image the
+kubelet plugin's pod policy lets a node run.
+*/}}
+{{- define "tessera.kubeletPlugin.mpsImage" -}}
+{{ .Values.kubeletPlugin.mpsImage | default (include "tessera.image" .) }}
+{{- end }}
+
+{{/*
+The host directory the plugin passes MPS daemons as their driver root: the
+driver root, or a fake node's files under the data directory (--fake-root).
+*/}}
+{{- define "tessera.kubeletPlugin.mpsDriverRoot" -}}
+{{- if .Values.kubeletPlugin.fakeNode }}{{ include "tessera.kubeletPlugin.dataDir" . }}/fake-node{{ else }}{{ .Values.kubeletPlugin.driverRoot }}{{ end }}
+{{- end }}
+
+{{/* The user name the API server gives tessera-controller's pods. */}}
+{{- define "tessera.controller.userName" -}}
+system:serviceaccount:{{ .Release.Namespace }}:tessera-controller
+{{- end }}
+
+{{/*
 A component's --metrics-address from its values: metricsBindAddress (an IPv6
 address in brackets) and metricsPort.
 */}}

@@ -1,0 +1,462 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/deployments/helm"
+	"github.com/tessera-dev/tessera/deployments/rbac"
+	"github.com/tessera-dev/tessera/driver/mps"
+	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/driver/prepare"
+	"github.com/tessera-dev/tessera/test/cluster"
+)
+
+// This file holds the checks TestHelmChartAppliesOnTheAPIServer runs after
+// installing each values combination: what a node's token and the
+// controller's token may write, with the chart's admission policies loaded
+// on the real API server.
+
+// tokenClient is an API client with a token of service account
+// namespace/account, bound to node boundTo (none when empty), as the
+// kubelet's projected token of a pod on that node is.
+func tokenClient(ctx context.Context, t *testing.T, c *cluster.Cluster, namespace, account, boundTo string) kubernetes.Interface {
+	t.Helper()
+	admin := c.Client()
+	spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}
+	if boundTo != "" {
+		node, err := admin.CoreV1().Nodes().Get(ctx, boundTo, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
+	}
+	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, account, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s/%s bound to %q: %v", namespace, account, boundTo, err)
+	}
+	cfg := rest.AnonymousClientConfig(c.RESTConfig())
+	cfg.BearerToken = tr.Status.Token
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+// refusedOnceLoaded calls write until it is refused, undoing with undo each
+// write the API server accepted because it had not loaded the policy yet,
+// and returns the refusal. Policies load asynchronously after their
+// creation: waiting for the refusal itself races nothing.
+func refusedOnceLoaded(ctx context.Context, write func(attempt int) error, undo func(attempt int)) error {
+	var refusal error
+	attempt := 0
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		attempt++
+		if refusal = write(attempt); refusal == nil {
+			undo(attempt)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("still accepted after 60 s: %w", err)
+	}
+	return refusal
+}
+
+// expectRefusal reports a write that was accepted, or refused for another
+// reason than want, and returns whether it was refused as wanted.
+func expectRefusal(t *testing.T, what string, err error, want string) bool {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: accepted, want refused (%q)", what, want)
+		return false
+	}
+	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: refused for another reason: %v; want %q", what, err, want)
+		return false
+	}
+	return true
+}
+
+// pluginOptions parses the rendered DaemonSet's plugin flags as the plugin
+// does.
+func pluginOptions(t *testing.T, combo string, manifests []helm.Manifest) plugin.Options {
+	t.Helper()
+	for _, m := range manifests {
+		if m.Kind != "DaemonSet" {
+			continue
+		}
+		var ds appsv1.DaemonSet
+		if err := yaml.Unmarshal([]byte(m.YAML), &ds); err != nil {
+			t.Fatalf("%s: %s: %v", combo, m.Source, err)
+		}
+		ctr := ds.Spec.Template.Spec.Containers[0]
+		var o plugin.Options
+		fs := pflag.NewFlagSet(ctr.Command[0], pflag.ContinueOnError)
+		fs.ParseErrorsAllowlist.UnknownFlags = true // klog's, added by component.Run
+		o.AddFlags(fs)
+		if err := fs.Parse(ctr.Args); err != nil {
+			t.Fatalf("%s: plugin arguments %q: %v", combo, ctr.Args, err)
+		}
+		return o
+	}
+	t.Fatalf("%s: no DaemonSet rendered", combo)
+	return plugin.Options{}
+}
+
+// checkMPSLock creates pods as the chart's kubelet-plugin service account
+// in namespace, with a token bound to node-a, as the plugin does for MPS
+// daemons. The daemon pod driver/mps builds from the DaemonSet's own flags
+// (image, data directory, driver root) is accepted and can be deleted; the
+// same pod on node-b, with another service account or a token, another image
+// or command, a further host path, a writable driver root, host namespaces,
+// an added capability or a second container is refused by the chart's
+// MPS-lock policy (once the API server has loaded it), and so is deleting
+// node-b's daemon.
+func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string, manifests []helm.Manifest) {
+	t.Helper()
+	admin := c.Client()
+	o := pluginOptions(t, combo, manifests)
+	root := o.Node.DriverRoot
+	if o.Node.FakeNode != "" {
+		root = o.Node.FakeRoot // a fake node's driver lives there
+	}
+	daemonPod := func(node string, n int) *corev1.Pod {
+		d := &mps.Daemons{Namespace: namespace, NodeName: node, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: root}
+		uid := fmt.Sprintf("0f1e2d3c-0000-4000-8000-%012d", n)
+		return d.Pod(prepare.MPSDaemon{
+			MPSDaemon: d.Locate(uid), ClaimUID: uid, ClaimNamespace: "default", ClaimName: "mps",
+			Devices: []string{"GPU-0"}, Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"},
+		})
+	}
+	// Daemon pods run as the namespace's default service account, which
+	// must exist before a pod can name it.
+	if err := c.CreateNamespace(ctx, namespace); err != nil {
+		t.Fatal(err)
+	}
+	pods := tokenClient(ctx, t, c, namespace, rbac.KubeletPluginAccount, "node-a").CoreV1().Pods(namespace)
+	// No kubelet finishes the deletion of a pod bound to a node here: force
+	// it, so that the namespace can go.
+	defer forceDeletePods(ctx, t, admin, namespace, mps.LabelApp+"="+mps.AppName)
+	create := func(p *corev1.Pod) error {
+		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
+		if err == nil {
+			_ = admin.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}
+		return err
+	}
+
+	start := time.Now()
+	err := refusedOnceLoaded(ctx, func(int) error {
+		_, err := pods.Create(ctx, daemonPod("node-b", 1), metav1.CreateOptions{})
+		return err
+	}, func(int) {
+		_ = admin.CoreV1().Pods(namespace).Delete(ctx, daemonPod("node-b", 1).Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	if !strings.Contains(fmt.Sprint(err), "may only run and delete MPS daemon pods on its own node") {
+		t.Errorf("%s: the plugin's account in %s, bound to node-a, ran a daemon pod on node-b or was refused for another reason: %v", combo, namespace, err)
+		return
+	}
+	t.Logf("%s: MPS-lock policy refused a daemon on another node %v after the install", combo, time.Since(start).Round(time.Millisecond))
+
+	accounts := []string{rbac.KubeletPluginAccount}
+	if _, err := admin.CoreV1().ServiceAccounts(namespace).Get(ctx, rbac.ControllerAccount, metav1.GetOptions{}); err == nil {
+		accounts = append(accounts, rbac.ControllerAccount)
+	}
+	type variant struct {
+		name, want string
+		mutate     func(*corev1.Pod)
+	}
+	variants := []variant{
+		{"a service-account token", "without a token", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
+		{"a projected token volume", "mounts only host directories", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}})
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "token", MountPath: "/var/run/secrets/tokens"})
+		}},
+		{"another image", "runs the chart's MPS image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "docker.io/library/busybox:1.37" }},
+		{"another command", "nvidia-cuda-mps-control -f", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Command = []string{"/driver-root/bin/sh", "-c", "cat /driver-root/etc/shadow"}
+		}},
+		{"a preloaded library", "nothing else", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/tmp/nvidia-mps/x.so"})
+		}},
+		{"a further host path", "mounts only host directories", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc", Type: ptr.To(corev1.HostPathDirectory)}}})
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "etc", MountPath: "/host-etc"})
+		}},
+		{"a host path beside the claim's directories", "mounts only host directories", func(p *corev1.Pod) {
+			p.Spec.Volumes[0].HostPath.Path = filepath.Join(o.PluginDataDir, "mps", "..", "checkpoint")
+		}},
+		{"a writable driver root", "driver root read-only", func(p *corev1.Pod) {
+			for i, m := range p.Spec.Containers[0].VolumeMounts {
+				if m.Name == "driver-root" {
+					p.Spec.Containers[0].VolumeMounts[i].ReadOnly = false
+				}
+			}
+		}},
+		{"the host's PID namespace", "no host network, PID or IPC", func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		{"the host network", "no host network, PID or IPC", func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
+		{"an added capability", "added capabilities", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}
+		}},
+		{"a second container", "exactly one container", func(p *corev1.Pod) {
+			extra := *p.Spec.Containers[0].DeepCopy()
+			extra.Name = "second"
+			p.Spec.Containers = append(p.Spec.Containers, extra)
+		}},
+	}
+	for _, a := range accounts {
+		variants = append(variants, variant{"service account " + a, "default service account", func(p *corev1.Pod) { p.Spec.ServiceAccountName = a }})
+	}
+	for i, v := range variants {
+		p := daemonPod("node-a", 100+i)
+		v.mutate(p)
+		expectRefusal(t, fmt.Sprintf("%s: a daemon pod on node-a with %s", combo, v.name), create(p), v.want)
+	}
+
+	own := daemonPod("node-a", 2)
+	if _, err := pods.Create(ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Errorf("%s: the plugin's account, bound to node-a, cannot create the MPS daemon pod driver/mps builds: %v", combo, err)
+		return
+	}
+	theirs := daemonPod("node-b", 3)
+	if _, err := admin.CoreV1().Pods(namespace).Create(ctx, theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": deleting node-b's daemon from node-a", pods.Delete(ctx, theirs.Name, metav1.DeleteOptions{}), "on its own node")
+	if err := pods.Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("%s: the plugin's account cannot delete its own node's daemon pod: %v", combo, err)
+	}
+}
+
+// checkControllerLock writes as the chart's tessera-controller service
+// account in namespace, with the chart's controller policies loaded:
+// releasing a gated gang member as controller/gang does (remove the gate
+// gang.tessera.dev/placement, pin to a node, annotate) is accepted, while
+// changing a member's image, removing another gate, adding a toleration or a
+// label, or touching an ungated pod is refused; only node-less
+// gpu.tessera.dev slices can be written (not another driver's, not a
+// node's); and only claims annotated with their gang can be allocated, while
+// annotating a claim with its gang is all the metadata it may change.
+func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
+	t.Helper()
+	admin := c.Client()
+	ctl := tokenClient(ctx, t, c, namespace, rbac.ControllerAccount, "")
+	defer forceDeletePods(ctx, t, admin, namespace, "app=train")
+	start := time.Now()
+
+	// Pods.
+	member := func(name string, gates ...string) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app": "train"}},
+			Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1"}},
+			},
+		}
+		for _, g := range append([]string{gangv1.SchedulingGate}, gates...) {
+			p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
+		}
+		created, err := admin.CoreV1().Pods(namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	release := func(p *corev1.Pod) *corev1.Pod {
+		p = p.DeepCopy()
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[gangv1.AnnotationPlacement] = "p-1"
+		p.Annotations[gangv1.AnnotationRank] = "0"
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"node-a"}}}}}}}}
+		var kept []corev1.PodSchedulingGate
+		for _, g := range p.Spec.SchedulingGates {
+			if g.Name != gangv1.SchedulingGate {
+				kept = append(kept, g)
+			}
+		}
+		p.Spec.SchedulingGates = kept
+		return p
+	}
+	update := func(p *corev1.Pod) error {
+		_, err := ctl.CoreV1().Pods(namespace).Update(ctx, p, metav1.UpdateOptions{})
+		return err
+	}
+	err := refusedOnceLoaded(ctx, func(n int) error {
+		p := release(member(fmt.Sprintf("probe-%d", n)))
+		p.Spec.Containers[0].Image = "registry.example/other:1"
+		return update(p)
+	}, func(int) {})
+	if !expectRefusal(t, combo+": the controller releases a member with another image", err, "may not change a pod's containers (images)") {
+		return
+	}
+	t.Logf("%s: controller policies refused an image change %v after the install", combo, time.Since(start).Round(time.Millisecond))
+
+	if err := update(release(member("member-0"))); err != nil {
+		t.Errorf("%s: the controller cannot release a gang member as controller/gang does: %v", combo, err)
+	}
+	p := release(member("member-1", "example.com/other"))
+	p.Spec.SchedulingGates = nil
+	expectRefusal(t, combo+": the controller removes another gate", update(p), "no other gate")
+	p = release(member("member-2"))
+	p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
+	expectRefusal(t, combo+": the controller adds a toleration", update(p), "tolerations")
+	p = release(member("member-3"))
+	p.Labels["app"] = "other"
+	expectRefusal(t, combo+": the controller changes a label", update(p), "no other metadata")
+	p = release(member("member-4"))
+	p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions = []corev1.NodeSelectorRequirement{
+		{Key: "example.com/pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}
+	expectRefusal(t, combo+": the controller adds another node requirement", update(p), "pin a gang member to one node")
+	released, err := admin.CoreV1().Pods(namespace).Get(ctx, "member-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released.Annotations["example.com/note"] = "x"
+	expectRefusal(t, combo+": the controller annotates an ungated pod", update(released), "may only release gang members")
+
+	// Slices.
+	slices := ctl.ResourceV1().ResourceSlices()
+	slice := func(name, driver string, node *string) *resourceapi.ResourceSlice {
+		s := &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + name},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: node,
+				Pool: resourceapi.ResourcePool{Name: name, ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "channel-0"}}},
+		}
+		if node == nil {
+			s.Spec.AllNodes = ptr.To(true)
+		}
+		return s
+	}
+	err = refusedOnceLoaded(ctx, func(int) error {
+		_, err := slices.Create(ctx, slice("other", "other.example.com", nil), metav1.CreateOptions{})
+		return err
+	}, func(int) {
+		_ = admin.ResourceV1().ResourceSlices().Delete(ctx, combo+"-other", metav1.DeleteOptions{})
+	})
+	if !expectRefusal(t, combo+": the controller writes another driver's slice", err, "node-less ResourceSlices of driver gpu.tessera.dev") {
+		return
+	}
+	_, err = slices.Create(ctx, slice("node-a", driverName, ptr.To("node-a")), metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller writes a node's slice", err, "node-less ResourceSlices of driver gpu.tessera.dev")
+	nodeSlice, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("node-b", driverName, ptr.To("node-b")), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": the controller deletes a node's slice", slices.Delete(ctx, nodeSlice.Name, metav1.DeleteOptions{}), "node-less ResourceSlices of driver gpu.tessera.dev")
+	_ = admin.ResourceV1().ResourceSlices().Delete(ctx, nodeSlice.Name, metav1.DeleteOptions{})
+	domain, err := slices.Create(ctx, slice("domain", driverName, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Errorf("%s: the controller cannot write a domain pool's slice: %v", combo, err)
+	} else if err := slices.Delete(ctx, domain.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot delete a domain pool's slice: %v", combo, err)
+	}
+
+	// Claims.
+	claims := ctl.ResourceV1().ResourceClaims(namespace)
+	claim, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "member-0-gpu", Namespace: namespace},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driverName}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { // without its finalizer, so that the namespace can go
+		if c, err := admin.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{}); err == nil {
+			c.Finalizers = nil
+			_, _ = admin.ResourceV1().ResourceClaims(namespace).Update(ctx, c, metav1.UpdateOptions{})
+		}
+	}()
+	allocate := func(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+		c = c.DeepCopy()
+		c.Status.Allocation = &resourceapi.AllocationResult{
+			Devices:             resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: driverName, Pool: "node-a", Device: "gpu-0"}}},
+			AllocationTimestamp: &metav1.Time{Time: time.Now()},
+		}
+		return c
+	}
+	err = refusedOnceLoaded(ctx, func(int) error {
+		_, err := claims.UpdateStatus(ctx, allocate(claim), metav1.UpdateOptions{})
+		return err
+	}, func(int) {
+		fresh, err := admin.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+		if err == nil {
+			fresh.Status.Allocation = nil
+			claim, _ = admin.ResourceV1().ResourceClaims(namespace).UpdateStatus(ctx, fresh, metav1.UpdateOptions{})
+		}
+	})
+	if !expectRefusal(t, combo+": the controller allocates a claim of no gang", err, "claims of the gangs it places") {
+		return
+	}
+	labelled := claim.DeepCopy()
+	labelled.Labels = map[string]string{"example.com/x": "y"}
+	_, err = claims.Update(ctx, labelled, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": the controller labels a claim", err, "may only annotate a claim with its gang")
+	annotated := claim.DeepCopy()
+	annotated.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationSize: "1", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0"}
+	annotated.Finalizers = append(annotated.Finalizers, "resource.kubernetes.io/delete-protection")
+	if annotated, err = claims.Update(ctx, annotated, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot annotate a claim with its gang as controller/gang does: %v", combo, err)
+		return
+	}
+	allocated, err := claims.UpdateStatus(ctx, allocate(annotated), metav1.UpdateOptions{})
+	if err != nil {
+		t.Errorf("%s: the controller cannot allocate its gang's claim: %v", combo, err)
+		return
+	}
+	allocated.Status.Allocation = nil
+	if _, err := claims.UpdateStatus(ctx, allocated, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot clear its gang's claim: %v", combo, err)
+	}
+}
+
+// rendersController reports whether the rendered chart runs tessera-controller.
+func rendersController(t *testing.T, manifests []helm.Manifest) bool {
+	t.Helper()
+	for _, m := range manifests {
+		if m.Kind != "Deployment" {
+			continue
+		}
+		var d metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal([]byte(m.YAML), &d); err != nil {
+			t.Fatalf("%s: %v", m.Source, err)
+		}
+		if d.Name == "tessera-controller" {
+			return true
+		}
+	}
+	return false
+}
+
+// forceDeletePods deletes the pods matching selector at once.
+func forceDeletePods(ctx context.Context, t *testing.T, admin kubernetes.Interface, namespace, selector string) {
+	t.Helper()
+	err := admin.CoreV1().Pods(namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Errorf("delete pods %s in %s: %v", selector, namespace, err)
+	}
+}
