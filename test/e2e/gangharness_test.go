@@ -139,6 +139,11 @@ func (rc *runningController) stop() error {
 	select {
 	case err := <-rc.done:
 		rc.done <- err
+		if errors.Is(err, context.Canceled) {
+			// Stopped before it finished starting (its informers had not
+			// synced yet): that is a stop, not a failure.
+			return nil
+		}
 		return err
 	case <-time.After(30 * time.Second):
 		return errors.New("controller did not stop within 30s")
