@@ -76,7 +76,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 	o.FeatureGates.AddFlag(fs)
 	o.Addresses.AddFlags(fs)
-	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side, calls are serialised across them by a file lock and each starts from the checkpoint on disk. Environment: POD_UID.")
+	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side; each change of the node's prepared state is serialised across them by a file lock and starts from the checkpoint on disk. Environment: POD_UID.")
 }
 
 // Validate checks the options before anything starts.
