@@ -328,9 +328,10 @@ func (p *Plugin) Manager() *prepare.Manager { return p.driver.claims }
 // Helper exposes the kubeletplugin helper (registration status, publishing).
 func (p *Plugin) Helper() *kubeletplugin.Helper { return p.helper }
 
-// NewClient builds an API client with the options' credentials and rate limits.
+// NewClient builds an API client with the options' credentials, rate limits
+// and request deadline (--kube-api-timeout).
 func NewClient(o Options) (kubernetes.Interface, error) {
-	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-kubelet-plugin")
+	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-kubelet-plugin", o.apiTimeout())
 	if err != nil {
 		return nil, err
 	}

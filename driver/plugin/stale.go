@@ -21,11 +21,11 @@ const staleInterval = time.Minute
 // them. The API server is the source of truth; when it cannot be asked,
 // nothing is unprepared. Runs at start and then every staleInterval.
 //
-// Nothing here holds a lock while the API server is asked: the prepared
-// claims are read under the node lock, the API reads follow outside it, and
-// each claim found stale is unprepared under its own lock only if its record
-// is still the one read (prepare.Manager.UnprepareStale), so that prepares go
-// on meanwhile.
+// Nothing here holds a lock while the API server is asked (each request has
+// its deadline, --kube-api-timeout): the prepared claims are read under the
+// node lock, the API reads follow outside it, and each claim found stale is
+// unprepared under its own lock only if its record is still the one read
+// (prepare.Manager.UnprepareStale), so that prepares go on meanwhile.
 func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		p.sweepClaims(ctx, client)
