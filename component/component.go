@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
@@ -56,8 +57,9 @@ func Run(name string, args []string, o Options, run func(ctx context.Context) er
 // RESTConfig is the API client configuration of a component: the
 // kubeconfig's, or the pod's service account when kubeconfig is empty, with
 // deliberate rate limits (client-go's default of 5 qps turns bursts of
-// calls into 200 ms waits).
-func RESTConfig(kubeconfig string, qps float32, burst int, userAgent string) (*rest.Config, error) {
+// calls into 200 ms waits) and a deadline for every request: timeout, which
+// each component chooses next to its call (see Deadline).
+func RESTConfig(kubeconfig string, qps float32, burst int, userAgent string, timeout time.Duration) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -70,6 +72,10 @@ func RESTConfig(kubeconfig string, qps float32, burst int, userAgent string) (*r
 	}
 	cfg.QPS, cfg.Burst = qps, burst
 	cfg.UserAgent = userAgent
+	if timeout <= 0 {
+		return nil, fmt.Errorf("API request timeout %v: want a positive duration", timeout)
+	}
+	cfg.Wrap(Deadline(timeout))
 	return cfg, nil
 }
 

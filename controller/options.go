@@ -10,11 +10,23 @@ import (
 	"github.com/tessera-dev/tessera/metricsserver"
 )
 
+// DefaultKubeAPITimeout is the API server's own limit for a request
+// (kube-apiserver --request-timeout, 60 s by default): the controller's
+// informers list every pod, claim and slice of the cluster, which on a large
+// cluster takes long, and a request the server still answers must not be
+// cut. A server that answers nothing fails the request after it, and
+// client-go's informers and the gang controller's queue retry.
+const DefaultKubeAPITimeout = 60 * time.Second
+
 // Options are tessera-controller's settings.
 type Options struct {
 	Kubeconfig   string
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// KubeAPITimeout bounds each request to the API server
+	// (component.Deadline); zero means DefaultKubeAPITimeout, which says
+	// why.
+	KubeAPITimeout time.Duration
 
 	// TopologyKey is a node label whose values are domains (e.g. a rack
 	// label), for clusters without multi-node NVLink; empty for none.
@@ -50,6 +62,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 200, "Queries per second to the API server. Placing a gang writes two requests per claim and one per pod: keep this high enough for the largest gang.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "Burst of queries to the API server.")
+	fs.DurationVar(&o.KubeAPITimeout, "kube-api-timeout", DefaultKubeAPITimeout, "How long a request to the API server may go unanswered (a watch: until its first response) before it fails and is retried. The default is the API server's own limit for a request, so that lists of a large cluster are not cut.")
 	fs.StringVar(&o.TopologyKey, "topology-key", "", "Node label whose values are gang domains (e.g. a rack label such as topology.kubernetes.io/rack), besides the NVLink cliques; empty for cliques only.")
 	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
 	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile), or bound there but not started while a device of its claims is allocated to another claim too, before the gang is evicted and placed again.")
@@ -73,6 +86,9 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
+	if o.KubeAPITimeout < 0 {
+		return fmt.Errorf("--kube-api-timeout %v: want a positive duration", o.KubeAPITimeout)
+	}
 	if err := o.Addresses.Validate(); err != nil {
 		return err
 	}
@@ -90,4 +106,12 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// apiTimeout is the deadline of each request to the API server.
+func (o *Options) apiTimeout() time.Duration {
+	if o.KubeAPITimeout == 0 {
+		return DefaultKubeAPITimeout
+	}
+	return o.KubeAPITimeout
 }

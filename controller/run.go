@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -37,7 +38,7 @@ const resync = 30 * time.Second
 // it leads. It returns an error when it cannot start or loses the lead.
 func Run(ctx context.Context, o Options) error {
 	logger := klog.FromContext(ctx)
-	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-controller")
+	cfg, err := o.restConfig()
 	if err != nil {
 		return err
 	}
@@ -108,6 +109,12 @@ func Run(ctx context.Context, o Options) error {
 		return nil
 	}
 	return fmt.Errorf("lost the leader Lease %s/%s", o.LeaseNamespace, o.LeaseName)
+}
+
+// restConfig is the configuration of every API client of the controller:
+// the typed and dynamic clients, discovery, informers and leader election.
+func (o Options) restConfig() (*rest.Config, error) {
+	return component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-controller", o.apiTimeout())
 }
 
 // runLeading publishes the domains and places gangs until ctx ends or the

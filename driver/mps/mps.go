@@ -12,9 +12,10 @@
 //     directory are checkpointed before anything exists.
 //   - Start and Stop are idempotent: a retried prepare finds the pod
 //     running; a retried unprepare finds it gone.
-//   - Every daemon pod carries the node and claim UID as labels, so Sweep
-//     can delete daemons whose claims the node no longer holds (a lost
-//     checkpoint, a crash while the API was unreachable).
+//   - Every daemon pod carries the node and claim UID as labels, so the
+//     daemon sweep (Claims, then prepare's StopOrphanDaemon) can delete
+//     daemons whose claims the node no longer holds (a lost checkpoint, a
+//     crash while the API was unreachable).
 package mps
 
 import (
@@ -227,21 +228,17 @@ func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
 	return nil
 }
 
-// Sweep deletes this node's daemons whose claims are not in keep.
-func (d *Daemons) Sweep(ctx context.Context, keep func(claimUID string) bool) error {
+// Claims lists the claim UIDs of this node's daemons, for the daemon sweep
+// to stop those of claims the node does not hold
+// (prepare.Manager.StopOrphanDaemon).
+func (d *Daemons) Claims(ctx context.Context) ([]string, error) {
 	pods, err := d.Client.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelApp + "=" + AppName + "," + LabelNode + "=" + d.NodeName})
 	if err != nil {
-		return fmt.Errorf("list MPS daemon pods: %w", err)
+		return nil, fmt.Errorf("list MPS daemon pods: %w", err)
 	}
+	out := make([]string, 0, len(pods.Items))
 	for _, pod := range pods.Items {
-		uid := pod.Labels[LabelClaimUID]
-		if keep(uid) {
-			continue
-		}
-		klog.FromContext(ctx).Info("Deleting an MPS daemon no prepared claim owns", "pod", klog.KObj(&pod), "claimUID", uid)
-		if err := d.Stop(ctx, d.Locate(uid)); err != nil {
-			return err
-		}
+		out = append(out, pod.Labels[LabelClaimUID])
 	}
-	return nil
+	return out, nil
 }

@@ -109,7 +109,9 @@ func TestStartFailsWithTheReasonWhenTheDaemonDoesNotRun(t *testing.T) {
 	}
 }
 
-func TestSweepDeletesDaemonsOfClaimsNoLongerHeld(t *testing.T) {
+// TestClaimsListsThisNodesDaemons: the daemon sweep looks at this node's
+// daemons, never another node's.
+func TestClaimsListsThisNodesDaemons(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewClientset()
@@ -124,17 +126,13 @@ func TestSweepDeletesDaemonsOfClaimsNoLongerHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := d.Sweep(ctx, func(uid string) bool { return uid == "keep" }); err != nil {
+	uids, err := d.Claims(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	pods, _ := client.CoreV1().Pods("tessera-system").List(ctx, metav1.ListOptions{})
-	var names []string
-	for _, p := range pods.Items {
-		names = append(names, p.Name)
-	}
-	slices.Sort(names)
-	if want := []string{"tessera-mps-elsewhere", "tessera-mps-keep"}; !slices.Equal(names, want) {
-		t.Errorf("pods after sweep %v, want %v (another node's daemon is not ours)", names, want)
+	slices.Sort(uids)
+	if want := []string{"gone", "keep"}; !slices.Equal(uids, want) {
+		t.Errorf("daemons of node-a's claims %v, want %v (another node's daemon is not ours)", uids, want)
 	}
 }
 

@@ -34,9 +34,6 @@ type Driver struct {
 	pool string
 	// metrics count prepares and unprepares; nil means none.
 	metrics *claimMetrics
-	// shared is set in a rolling update: every call then reloads the
-	// checkpoint another instance may have changed.
-	shared *sharedState
 	// refused carries the features whose fields the API server drops
 	// (partitionable devices, consumable capacity): the publisher then
 	// stops offering what needs them.
@@ -48,9 +45,6 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 // PrepareResourceClaims prepares each claim independently; one claim's
 // failure does not fail the others.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	if err := d.reloadShared(ctx); err != nil {
-		return nil, err
-	}
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		began := time.Now()
@@ -63,9 +57,6 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // UnprepareResourceClaims releases each claim; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	if err := d.reloadShared(ctx); err != nil {
-		return nil, err
-	}
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		began := time.Now()
@@ -86,20 +77,10 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if domain.Has(d.domains.Driver, c) {
 		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
 	}
-	if err := d.refuseLost(c); err != nil {
+	if err := d.refuseLost(ctx, c); err != nil {
 		return nil, err
 	}
 	return d.claims.Prepare(ctx, c)
-}
-
-// reloadShared starts a call from the checkpoint on disk when another
-// instance shares it (rolling update); kubeletplugin holds the shared lock
-// around the call.
-func (d *Driver) reloadShared(ctx context.Context) error {
-	if d.shared == nil {
-		return nil
-	}
-	return d.claims.Reload(ctx)
 }
 
 // HandleError logs background errors; unrecoverable ones stop the plugin so

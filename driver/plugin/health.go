@@ -72,9 +72,9 @@ func healthReport(pool string, s health.Snapshot, now time.Time) kubeletplugin.D
 // refuseLost fails a claim allocated a device on a GPU NVML cannot reach (the
 // monitor's lost taint): a GPU lost while the plugin was down is published
 // from its last-known description, and a claim tolerating every taint could
-// still get it. A claim prepared already is left to the manager, which
-// returns what it holds.
-func (d *Driver) refuseLost(claim *resourceapi.ResourceClaim) error {
+// still get it. A claim prepared already (by either instance of a rolling
+// update: Snapshot) is left to the manager, which returns what it holds.
+func (d *Driver) refuseLost(ctx context.Context, claim *resourceapi.ResourceClaim) error {
 	if d.health == nil || claim.Status.Allocation == nil {
 		return nil
 	}
@@ -89,7 +89,11 @@ func (d *Driver) refuseLost(claim *resourceapi.ResourceClaim) error {
 	if len(lost) == 0 {
 		return nil
 	}
-	if c, ok := d.claims.PreparedClaims()[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
+	held, err := d.claims.Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	if c, ok := held[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
 		return nil
 	}
 	inv := d.claims.Inventory()

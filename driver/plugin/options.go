@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
@@ -18,6 +19,14 @@ import (
 	"github.com/tessera-dev/tessera/metricsserver"
 )
 
+// DefaultKubeAPITimeout bounds each request of the plugin to the API
+// server. The kubelet gives a prepare 45 s, and a prepare may wait for
+// several requests (kubeletplugin reads the claims; an MPS daemon's pod is
+// created and read): 10 s each leaves the kubelet's retry its time. What
+// the plugin asks is small (one claim, its own node's slices and daemon
+// pods), so 10 s is long even for a loaded API server.
+const DefaultKubeAPITimeout = 10 * time.Second
+
 // Options are the kubelet plugin's settings, from flags with environment
 // fallbacks for the DaemonSet.
 type Options struct {
@@ -26,6 +35,10 @@ type Options struct {
 	Kubeconfig   string
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// KubeAPITimeout bounds each request to the API server
+	// (component.Deadline); zero means DefaultKubeAPITimeout, which says
+	// why.
+	KubeAPITimeout time.Duration
 
 	CDIRoot       string
 	PluginDataDir string
@@ -62,6 +75,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server. Prepares read claims from it, so keep this above the expected prepare rate.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
+	fs.DurationVar(&o.KubeAPITimeout, "kube-api-timeout", DefaultKubeAPITimeout, "How long a request to the API server may go unanswered (a watch: until its first response) before it fails. Prepares read claims from the API server within the kubelet's 45 s.")
 	fs.StringVar(&o.CDIRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory the container runtime reads CDI specs from. Environment: CDI_ROOT.")
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket, checkpoint, GPU health state (health.json) and last-known GPU descriptions (gpus.json). Environment: PLUGIN_DATA_DIR.")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
@@ -76,7 +90,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 	o.FeatureGates.AddFlag(fs)
 	o.Addresses.AddFlags(fs)
-	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side, calls are serialised across them by a file lock and each starts from the checkpoint on disk. Environment: POD_UID.")
+	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side; each change of the node's prepared state is serialised across them by a file lock and starts from the checkpoint on disk. Environment: POD_UID.")
 }
 
 // Validate checks the options before anything starts.
@@ -104,6 +118,9 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
+	if o.KubeAPITimeout < 0 {
+		return fmt.Errorf("--kube-api-timeout %v: want a positive duration", o.KubeAPITimeout)
+	}
 	return o.Health.Validate()
 }
 
@@ -129,4 +146,12 @@ func (o *Options) mpsDaemons(client kubernetes.Interface, driverRoot string) *mp
 		return nil
 	}
 	return &mps.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}
+}
+
+// apiTimeout is the deadline of each request to the API server.
+func (o *Options) apiTimeout() time.Duration {
+	if o.KubeAPITimeout == 0 {
+		return DefaultKubeAPITimeout
+	}
+	return o.KubeAPITimeout
 }

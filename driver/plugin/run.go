@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/mps"
+	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/prepare"
 	"github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/metricsserver"
@@ -123,11 +124,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
-	// In a rolling update the other instance may be serving: recover under
-	// the lock both hold around every call.
-	var shared *sharedState
+	// In a rolling update the other instance may be serving: the state
+	// machine then takes the locks both share (recovery included).
+	var shared prepare.SharedLocks
 	if o.PodUID != "" {
-		shared = &sharedState{lockPath: filepath.Join(o.PluginDataDir, serializeLockFile)}
+		shared = nodelock.New(o.PluginDataDir)
 	}
 	var daemons prepare.MPSDaemons
 	mpsDaemons := o.mpsDaemons(client, node.DriverRoot)
@@ -138,17 +139,12 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
-	unlockRecovery, err := shared.lock()
-	if err != nil {
-		return nil, err
-	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
 		Settings: gpuset.New(node.NVML), MPS: daemons,
-		ClaimEnv: domain.MemberEnv,
+		ClaimEnv: domain.MemberEnv, Shared: shared,
 	})
-	unlockRecovery()
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
 	}
@@ -162,7 +158,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, err
 	}
-	d := &Driver{shared: shared, claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
+	d := &Driver{claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
 	alive := func() error { return context.Cause(ctx) }
 	server, err := metricsserver.Start(ctx, o.Addresses, metrics, alive)
 	if err != nil {
@@ -176,14 +172,16 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(o.PluginDataDir),
 		// The state machine locks per claim; serialising every call behind
-		// one lock would make independent pods wait for each other. Only
-		// in a rolling update, when two instances share the node's state,
-		// are calls serialised (across both, by file lock) and each starts
-		// from the checkpoint on disk.
-		kubeletplugin.Serialize(shared != nil),
+		// one lock would make independent pods wait for each other, and in
+		// a rolling update wait for the slow steps (an MPS daemon's start)
+		// of the other instance's calls too. There the state machine takes
+		// the node lock both instances share only around each change of
+		// the checkpoint, starting from what is on disk (prepare.Config's
+		// Shared, driver/nodelock).
+		kubeletplugin.Serialize(false),
 	}
 	if shared != nil {
-		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)), kubeletplugin.FlockDirectoryPath(o.PluginDataDir))
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)))
 	}
 	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
@@ -330,9 +328,10 @@ func (p *Plugin) Manager() *prepare.Manager { return p.driver.claims }
 // Helper exposes the kubeletplugin helper (registration status, publishing).
 func (p *Plugin) Helper() *kubeletplugin.Helper { return p.helper }
 
-// NewClient builds an API client with the options' credentials and rate limits.
+// NewClient builds an API client with the options' credentials, rate limits
+// and request deadline (--kube-api-timeout).
 func NewClient(o Options) (kubernetes.Interface, error) {
-	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-kubelet-plugin")
+	cfg, err := component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-kubelet-plugin", o.apiTimeout())
 	if err != nil {
 		return nil, err
 	}

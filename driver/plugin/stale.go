@@ -20,51 +20,76 @@ const staleInterval = time.Minute
 // allocated, for example while the plugin was down and the kubelet forgot
 // them. The API server is the source of truth; when it cannot be asked,
 // nothing is unprepared. Runs at start and then every staleInterval.
+//
+// Nothing here holds a lock while the API server is asked (each request has
+// its deadline, --kube-api-timeout): the prepared claims are read under the
+// node lock, the API reads follow outside it, and each claim found stale is
+// unprepared under its own lock only if its record is still the one read
+// (prepare.Manager.UnprepareStale), so that prepares go on meanwhile.
 func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		logger := klog.FromContext(ctx)
-		unlock, err := p.driver.shared.lock()
-		if err != nil {
-			logger.Error(err, "Cannot check prepared claims against the API server")
-			return
-		}
-		defer unlock()
-		if err := p.driver.reloadShared(ctx); err != nil {
-			logger.Error(err, "Cannot check prepared claims against the API server")
-			return
-		}
-		for uid, c := range p.driver.claims.PreparedClaims() {
-			claim, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-			case err != nil:
-				logger.V(2).Info("Cannot check a prepared claim against the API server; keeping it", "claim", klog.KRef(c.Namespace, c.Name), "err", err)
-				continue
-			case claim.UID != uid || claim.Status.Allocation == nil:
-			default:
-				continue
-			}
-			logger.Info("Unpreparing a claim the API server no longer has allocated", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
-			if err := p.driver.claims.Unprepare(ctx, uid); err != nil {
-				logger.Error(err, "Unprepare of a stale claim failed; retrying later", "claim", klog.KRef(c.Namespace, c.Name))
-			}
-		}
+		p.sweepClaims(ctx, client)
 		p.sweepMPS(ctx)
 	}, staleInterval)
 }
 
+// sweepClaims unprepares the claims the API server no longer has allocated.
+func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
+	logger := klog.FromContext(ctx)
+	held, err := p.driver.claims.Snapshot(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot check prepared claims against the API server")
+		return
+	}
+	for uid, c := range held {
+		claim, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			logger.V(2).Info("Cannot check a prepared claim against the API server; keeping it", "claim", klog.KRef(c.Namespace, c.Name), "err", err)
+			continue
+		case claim.UID != uid || claim.Status.Allocation == nil:
+		default:
+			continue
+		}
+		done, err := p.driver.claims.UnprepareStale(ctx, uid, c)
+		switch {
+		case err != nil:
+			logger.Error(err, "Unprepare of a stale claim failed; retrying later", "claim", klog.KRef(c.Namespace, c.Name))
+		case done:
+			logger.Info("Unprepared a claim the API server no longer has allocated", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		default:
+			logger.V(2).Info("A stale claim changed while the API server was asked; checking it again later", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		}
+	}
+}
+
 // sweepMPS deletes MPS daemons of this node whose claims it no longer holds
-// (a checkpoint lost, or a daemon not stopped while the API was away).
+// (a checkpoint lost, or a daemon not stopped while the API was away). The
+// daemons are listed before the claims are read, so that a daemon started
+// after the read cannot be among them, and each is stopped under its claim's
+// lock only if the claim still holds none (prepare.Manager.StopOrphanDaemon).
 func (p *Plugin) sweepMPS(ctx context.Context) {
 	if p.mps == nil {
 		return
 	}
-	held := p.driver.claims.PreparedClaims()
-	keep := func(uid string) bool {
-		c, ok := held[types.UID(uid)]
-		return ok && c.MPS != nil
+	logger := klog.FromContext(ctx)
+	daemons, err := p.mps.Claims(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot sweep MPS daemons; retrying later")
+		return
 	}
-	if err := p.mps.Sweep(ctx, keep); err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot sweep MPS daemons; retrying later")
+	held, err := p.driver.claims.Snapshot(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot sweep MPS daemons; retrying later")
+		return
+	}
+	for _, uid := range daemons {
+		if c, ok := held[types.UID(uid)]; ok && c.MPS != nil {
+			continue
+		}
+		if _, err := p.driver.claims.StopOrphanDaemon(ctx, uid); err != nil {
+			logger.Error(err, "Cannot sweep MPS daemons; retrying later")
+		}
 	}
 }

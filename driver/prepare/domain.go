@@ -26,12 +26,23 @@ import (
 func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.ResourceClaim, prepare func(context.Context, *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error)) ([]kubeletplugin.Device, error) {
 	uid := claim.UID
 	ref := claimRef(claim.Namespace, claim.Name)
-	unlock := m.claimLocks.lock(uid)
+	unlock, err := m.lockClaim(uid)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
 	defer unlock()
 
-	m.mu.Lock()
-	rec, ok := m.data.Claims[string(uid)]
-	m.mu.Unlock()
+	var rec checkpoint.Claim
+	var ok bool
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		rec, ok = m.data.Claims[string(uid)]
+		m.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
 	if ok && !rec.Domain && len(rec.Devices) > 0 {
 		return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated gang domain devices; unprepare it first", ref, names(rec.Devices))
 	}
@@ -42,11 +53,14 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	if ok && rec.Domain && rec.Phase == checkpoint.PrepareCompleted {
 		return devs, nil
 	}
-	m.mu.Lock()
-	m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true}
-	v := m.changed()
-	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true}
+		v := m.changed()
+		m.mu.Unlock()
+		return m.persist(v)
+	})
+	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	return devs, nil

@@ -131,48 +131,61 @@ func TestArmingAnUnknownFailpointPanics(t *testing.T) {
 	prepare.ArmFailpoint("after-prepare-starte")
 }
 
+// modes are how a node is served: by one instance, or by two in a rolling
+// update, where every change of the state takes the node lock and a crash
+// releases it.
+var modes = []struct {
+	name    string
+	rolling bool
+}{{"", false}, {" in a rolling update", true}}
+
 func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	for _, tc := range prepareCrashes {
 		for _, k := range crashClaims {
-			t.Run(tc.point+" on a "+k.name+" claim", func(t *testing.T) {
-				defer prepare.DisarmFailpoints()
-				e := newCrashEnv(t)
-				ctx := context.Background()
-				c := crashClaim("crash", k.device, k.config)
-				reached := tc.reachedBy&k.kind != 0
+			for _, mode := range modes {
+				t.Run(tc.point+" on a "+k.name+" claim"+mode.name, func(t *testing.T) {
+					defer prepare.DisarmFailpoints()
+					e := newCrashEnv(t)
+					e.rolling = mode.rolling
+					ctx := context.Background()
+					c := crashClaim("crash", k.device, k.config)
+					reached := tc.reachedBy&k.kind != 0
 
-				old := e.start()
-				prepare.ArmFailpoint(tc.point)
-				crashedAt(t, reached, tc.point, func() error { _, err := old.Prepare(ctx, c); return err })
-				prepare.DisarmFailpoints()
+					old := e.start()
+					prepare.ArmFailpoint(tc.point)
+					crashedAt(t, reached, tc.point, func() error { _, err := old.Prepare(ctx, c); return err })
+					prepare.DisarmFailpoints()
 
-				m, logs := restart(t, e)
-				switch {
-				case !reached || tc.kept:
-					assertRestartSettledNothing(t, logs)
-					assertPrepared(t, e, m, c, k.kind)
-				case k.kind == wholeGPU:
-					assertRestartRemovedOnlyTheSpec(t, logs, tc.wholeSpecLeft)
+					m, logs := restart(t, e)
+					switch {
+					case !reached || tc.kept:
+						assertRestartSettledNothing(t, logs)
+						assertPrepared(t, e, m, c, k.kind)
+					case k.kind == wholeGPU && !mode.rolling:
+						// In a rolling update its started mark is on disk:
+						// it tells the other instance the GPU is taken.
+						assertRestartRemovedOnlyTheSpec(t, logs, tc.wholeSpecLeft)
+						assertUnprepared(t, e, m, c)
+					default:
+						assertRestartSettled(t, logs, rollbackLog)
+						assertUnprepared(t, e, m, c)
+					}
+
+					// The kubelet retries the prepare, and later unprepares.
+					devs, err := m.Prepare(ctx, c)
+					if err != nil {
+						t.Fatalf("retried prepare: %v", err)
+					}
+					ids := assertPrepared(t, e, m, c, k.kind)
+					if len(devs) != 1 || !slices.Equal(devs[0].CDIDeviceIDs, ids) {
+						t.Errorf("retried prepare returned %+v, want the recorded CDI IDs %v", devs, ids)
+					}
+					if err := m.Unprepare(ctx, c.UID); err != nil {
+						t.Fatalf("unprepare: %v", err)
+					}
 					assertUnprepared(t, e, m, c)
-				default:
-					assertRestartSettled(t, logs, rollbackLog)
-					assertUnprepared(t, e, m, c)
-				}
-
-				// The kubelet retries the prepare, and later unprepares.
-				devs, err := m.Prepare(ctx, c)
-				if err != nil {
-					t.Fatalf("retried prepare: %v", err)
-				}
-				ids := assertPrepared(t, e, m, c, k.kind)
-				if len(devs) != 1 || !slices.Equal(devs[0].CDIDeviceIDs, ids) {
-					t.Errorf("retried prepare returned %+v, want the recorded CDI IDs %v", devs, ids)
-				}
-				if err := m.Unprepare(ctx, c.UID); err != nil {
-					t.Fatalf("unprepare: %v", err)
-				}
-				assertUnprepared(t, e, m, c)
-			})
+				})
+			}
 		}
 	}
 }
@@ -180,35 +193,38 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	for _, tc := range unprepareCrashes {
 		for _, k := range crashClaims {
-			t.Run(tc.point+" on a "+k.name+" claim", func(t *testing.T) {
-				defer prepare.DisarmFailpoints()
-				e := newCrashEnv(t)
-				ctx := context.Background()
-				c := crashClaim("crash", k.device, k.config)
-				reached := tc.reachedBy&k.kind != 0
+			for _, mode := range modes {
+				t.Run(tc.point+" on a "+k.name+" claim"+mode.name, func(t *testing.T) {
+					defer prepare.DisarmFailpoints()
+					e := newCrashEnv(t)
+					e.rolling = mode.rolling
+					ctx := context.Background()
+					c := crashClaim("crash", k.device, k.config)
+					reached := tc.reachedBy&k.kind != 0
 
-				old := e.start()
-				if _, err := old.Prepare(ctx, c); err != nil {
-					t.Fatal(err)
-				}
-				prepare.ArmFailpoint(tc.point)
-				crashedAt(t, reached, tc.point, func() error { return old.Unprepare(ctx, c.UID) })
-				prepare.DisarmFailpoints()
+					old := e.start()
+					if _, err := old.Prepare(ctx, c); err != nil {
+						t.Fatal(err)
+					}
+					prepare.ArmFailpoint(tc.point)
+					crashedAt(t, reached, tc.point, func() error { return old.Unprepare(ctx, c.UID) })
+					prepare.DisarmFailpoints()
 
-				m, logs := restart(t, e)
-				if reached && tc.unfinished {
-					assertRestartSettled(t, logs, finishLog)
-				} else {
-					assertRestartSettledNothing(t, logs)
-				}
-				assertUnprepared(t, e, m, c)
+					m, logs := restart(t, e)
+					if reached && tc.unfinished {
+						assertRestartSettled(t, logs, finishLog)
+					} else {
+						assertRestartSettledNothing(t, logs)
+					}
+					assertUnprepared(t, e, m, c)
 
-				// The kubelet never saw the unprepare succeed: it retries.
-				if err := m.Unprepare(ctx, c.UID); err != nil {
-					t.Fatalf("retried unprepare: %v", err)
-				}
-				assertUnprepared(t, e, m, c)
-			})
+					// The kubelet never saw the unprepare succeed: it retries.
+					if err := m.Unprepare(ctx, c.UID); err != nil {
+						t.Fatalf("retried unprepare: %v", err)
+					}
+					assertUnprepared(t, e, m, c)
+				})
+			}
 		}
 	}
 }

@@ -34,75 +34,102 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if mps != nil && m.cfg.MPS == nil {
 		return nil, fmt.Errorf("claim %s: sharing strategy MPS is not available: the plugin runs without an MPS daemon image (--mps-image); ask the operator to set it, or use TimeSlicing", ref)
 	}
-	unlock := m.claimLocks.lock(uid)
+	unlock, err := m.lockClaim(uid)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
 	defer unlock()
 
-	m.mu.Lock()
-	c, ok := m.data.Claims[string(uid)]
-	if ok && c.Phase == checkpoint.PrepareCompleted {
-		m.mu.Unlock()
-		if !sameDevices(c.Devices, want) {
-			return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated %s; unprepare it first", ref, names(c.Devices), names(want))
-		}
-		klog.FromContext(ctx).V(4).Info("Claim already prepared", "claim", ref)
-		return results(c.Devices), nil
-	}
-	// A started mark is an earlier attempt whose completed mark was not
-	// written (in this process, or by the other instance of a rolling
-	// update): what it made is still there, and this attempt takes it over.
+	var rec checkpoint.Claim
+	var done bool // prepared before
 	var earlier []checkpoint.Device
-	if ok && c.Phase == checkpoint.PrepareStarted {
-		earlier = c.Devices
-	}
-	if err := m.reserve(uid, ref, want); err != nil {
-		m.mu.Unlock()
-		return nil, err
-	}
-	rec := checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
-	if mps != nil {
-		loc := m.cfg.MPS.Locate(string(uid))
-		rec.MPS = &loc
-	}
-	m.data.Claims[string(uid)] = rec
-	v := m.changed()
-	m.mu.Unlock()
-	// The mark must be on disk before work a restart would have to undo
-	// from the checkpoint alone. A CDI spec is not such work: a restart
-	// removes specs no checkpointed claim owns.
-	if undoable(rec) {
-		if err := m.persist(v); err != nil {
-			m.mu.Lock()
-			m.release(uid, want)
-			delete(m.data.Claims, string(uid))
-			m.changed()
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		c, ok := m.data.Claims[string(uid)]
+		if ok && c.Phase == checkpoint.PrepareCompleted {
 			m.mu.Unlock()
-			return nil, fmt.Errorf("claim %s: %w", ref, err)
+			if !sameDevices(c.Devices, want) {
+				return fmt.Errorf("already prepared with devices %s, now allocated %s; unprepare it first", names(c.Devices), names(want))
+			}
+			rec, done = c, true
+			return nil
 		}
+		// A started mark is an earlier attempt whose completed mark was
+		// not written (in this process, or by the other instance of a
+		// rolling update): what it made is still there, and this attempt
+		// takes it over.
+		if ok && c.Phase == checkpoint.PrepareStarted {
+			earlier = c.Devices
+		}
+		if err := m.reserve(uid, want); err != nil {
+			m.mu.Unlock()
+			return err
+		}
+		rec = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
+		if mps != nil {
+			loc := m.cfg.MPS.Locate(string(uid))
+			rec.MPS = &loc
+		}
+		m.data.Claims[string(uid)] = rec
+		v := m.changed()
+		m.mu.Unlock()
+		// The mark must be on disk before work a restart would have to
+		// undo from the checkpoint alone. A CDI spec is not such work: a
+		// restart removes specs no checkpointed claim owns. In a rolling
+		// update the mark on disk is also what tells the other instance
+		// that the devices are taken.
+		if undoable(rec) || m.cfg.Shared != nil {
+			if err := m.persist(v); err != nil {
+				m.mu.Lock()
+				m.release(uid, want)
+				delete(m.data.Claims, string(uid))
+				m.changed()
+				m.mu.Unlock()
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	if done {
+		klog.FromContext(ctx).V(4).Info("Claim already prepared", "claim", ref)
+		return results(rec.Devices), nil
 	}
 	failpoint(fpPrepareStarted)
 
+	// The slow work (MIG partitions, the MPS daemon's start) runs outside
+	// the node lock: the started mark holds the devices meanwhile.
 	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS, earlier)
 	if err != nil {
 		m.rollback(ctx, uid, rec)
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 
-	m.mu.Lock()
 	rec.Phase, rec.Devices = checkpoint.PrepareCompleted, prepared
-	m.data.Claims[string(uid)] = rec
-	v = m.changed()
-	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
-		// The CDI spec exists but the checkpoint says PrepareStarted, and
-		// so does memory: a restart rolls the claim back, and the
-		// kubelet's retry takes every step again (each is idempotent) and
-		// writes the mark. Memory saying prepared would answer the retry
-		// from a record a restart does not know.
+	err = m.locked(ctx, func() error {
 		m.mu.Lock()
-		rec.Phase = checkpoint.PrepareStarted
 		m.data.Claims[string(uid)] = rec
-		m.changed()
+		v := m.changed()
 		m.mu.Unlock()
+		if err := m.persist(v); err != nil {
+			// The CDI spec exists but the checkpoint says PrepareStarted,
+			// and so does memory: a restart rolls the claim back, and the
+			// kubelet's retry takes every step again (each is idempotent)
+			// and writes the mark. Memory saying prepared would answer the
+			// retry from a record a restart does not know.
+			started := rec
+			started.Phase = checkpoint.PrepareStarted
+			m.mu.Lock()
+			m.data.Claims[string(uid)] = started
+			m.changed()
+			m.mu.Unlock()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	failpoint(fpPrepareCompleted)
@@ -111,52 +138,120 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 
 // Unprepare releases a claim's devices. Unknown claims succeed.
 func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
-	unlock := m.claimLocks.lock(uid)
+	_, err := m.unprepare(ctx, uid, nil)
+	return err
+}
+
+// UnprepareStale unprepares a claim the stale-claim sweep found gone from the
+// API server, if it is still recorded as seen when the sweep read the
+// record: the sweep asks the API server outside every lock, and a claim
+// changed meanwhile is checked again at the next sweep (false).
+func (m *Manager) UnprepareStale(ctx context.Context, uid types.UID, seen checkpoint.Claim) (bool, error) {
+	return m.unprepare(ctx, uid, func(c checkpoint.Claim) bool {
+		return c.Phase == seen.Phase && sameDevices(c.Devices, seen.Devices)
+	})
+}
+
+// unprepare releases a claim's devices if its record passes still (nil:
+// any record, and an unknown claim succeeds); false when it did not.
+func (m *Manager) unprepare(ctx context.Context, uid types.UID, still func(checkpoint.Claim) bool) (bool, error) {
+	unlock, err := m.lockClaim(uid)
+	if err != nil {
+		return false, fmt.Errorf("claim %s: %w", uid, err)
+	}
 	defer unlock()
 
-	m.mu.Lock()
-	c, ok := m.data.Claims[string(uid)]
-	if !ok {
+	var c checkpoint.Claim
+	var known, skip bool
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		c, known = m.data.Claims[string(uid)]
+		if !known || (still != nil && !still(c)) {
+			m.mu.Unlock()
+			skip = true
+			return nil
+		}
+		c.Phase = checkpoint.UnprepareStarted
+		m.data.Claims[string(uid)] = c
+		v := m.changed()
 		m.mu.Unlock()
+		return m.persist(v)
+	})
+	switch {
+	case err != nil && known:
+		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	case err != nil:
+		return false, fmt.Errorf("claim %s: %w", uid, err)
+	case skip && (known || still != nil):
+		return false, nil
+	case skip:
 		// Nothing recorded; a spec could still be left by a lost checkpoint.
-		return m.removeSpecs(string(uid))
-	}
-	c.Phase = checkpoint.UnprepareStarted
-	m.data.Claims[string(uid)] = c
-	v := m.changed()
-	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
-		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		return true, m.removeSpecs(string(uid))
 	}
 	failpoint(fpUnprepareStarted)
 
+	// Outside the node lock: the UnprepareStarted record holds the devices
+	// until the claim leaves the checkpoint.
 	if err := m.removeSpecs(string(uid)); err != nil {
-		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpCDIRemove)
 	if err := m.stopMPS(ctx, c); err != nil {
-		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	if err := m.destroyPartitions(c.Devices); err != nil {
-		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	// The claim is being unprepared, so it no longer counts: its GPUs go
 	// back to their original settings unless another claim needs them.
 	if err := m.reconcileGPUs(ctx, settingsGPUs(c.Devices)); err != nil {
-		return fmt.Errorf("claim %s: restore GPU settings: %w", claimRef(c.Namespace, c.Name), err)
+		return false, fmt.Errorf("claim %s: restore GPU settings: %w", claimRef(c.Namespace, c.Name), err)
 	}
 
-	m.mu.Lock()
-	m.release(uid, c.Devices)
-	delete(m.data.Claims, string(uid))
-	v = m.changed()
-	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
-		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		m.release(uid, c.Devices)
+		delete(m.data.Claims, string(uid))
+		v := m.changed()
+		m.mu.Unlock()
+		return m.persist(v)
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpUnprepareCompleted)
 	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
-	return nil
+	return true, nil
+}
+
+// StopOrphanDaemon stops the MPS daemon the daemon sweep found for a claim
+// this node does not hold, unless the claim holds one by the time its lock
+// is taken (false): the sweep lists daemons outside every lock.
+func (m *Manager) StopOrphanDaemon(ctx context.Context, claimUID string) (bool, error) {
+	if m.cfg.MPS == nil {
+		return false, nil
+	}
+	unlock, err := m.lockClaim(types.UID(claimUID))
+	if err != nil {
+		return false, fmt.Errorf("claim %s: %w", claimUID, err)
+	}
+	defer unlock()
+	var held bool
+	err = m.locked(ctx, func() error {
+		m.mu.Lock()
+		c, ok := m.data.Claims[claimUID]
+		m.mu.Unlock()
+		held = ok && c.MPS != nil
+		return nil
+	})
+	if err != nil || held {
+		return false, err
+	}
+	klog.FromContext(ctx).Info("Deleting an MPS daemon no prepared claim owns", "claimUID", claimUID)
+	if err := m.cfg.MPS.Stop(ctx, m.cfg.MPS.Locate(claimUID)); err != nil {
+		return false, fmt.Errorf("claim %s: MPS daemon: %w", claimUID, err)
+	}
+	return true, nil
 }
 
 // undoable reports whether preparing the claim changes the node in ways only
@@ -219,15 +314,15 @@ func (m *Manager) allocatedHere(claim *resourceapi.ResourceClaim) ([]checkpoint.
 
 // reserve takes ownership of the claim's devices: exclusive, or a share of
 // a device claims share; m.mu held.
-func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) error {
-	if err := m.conflictLocked(uid, ref, devs); err != nil {
+func (m *Manager) reserve(uid types.UID, devs []checkpoint.Device) error {
+	if err := m.conflictLocked(uid, devs); err != nil {
 		return err
 	}
 	for _, d := range devs {
 		if d.AdminAccess {
 			continue
 		}
-		if err := m.checkShareLocked(uid, ref, d); err != nil {
+		if err := m.checkShareLocked(uid, d); err != nil {
 			return err
 		}
 		if d.ShareID != "" {
@@ -235,7 +330,7 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 		}
 		if holder, ok := m.owners[d.Device]; ok && holder != uid {
 			h := m.data.Claims[string(holder)]
-			return fmt.Errorf("claim %s: device %s is already prepared for claim %s (%s); unprepare it first", ref, d.Device, claimRef(h.Namespace, h.Name), holder)
+			return fmt.Errorf("device %s is already prepared for claim %s (%s); unprepare it first", d.Device, claimRef(h.Namespace, h.Name), holder)
 		}
 		want, _ := m.inventory().Lookup(d.Device)
 		for held, holder := range m.owners {
@@ -244,7 +339,7 @@ func (m *Manager) reserve(uid types.UID, ref string, devs []checkpoint.Device) e
 			}
 			if m.overlapsHeld(want, held, holder) {
 				c := m.data.Claims[string(holder)]
-				return fmt.Errorf("claim %s: device %s shares GPU %s with device %s, already prepared for claim %s (%s); unprepare it first", ref, d.Device, want.GPU.Name(), held, claimRef(c.Namespace, c.Name), holder)
+				return fmt.Errorf("device %s shares GPU %s with device %s, already prepared for claim %s (%s); unprepare it first", d.Device, want.GPU.Name(), held, claimRef(c.Namespace, c.Name), holder)
 			}
 		}
 	}
@@ -291,19 +386,22 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Cl
 	if err := m.stopMPS(ctx, rec); err != nil {
 		logger.Error(err, "Rolling back a failed prepare: MPS daemon left behind; it is removed at the next start", "uid", uid)
 	}
-	m.mu.Lock()
-	m.release(uid, rec.Devices)
-	delete(m.data.Claims, string(uid))
-	m.changed()
-	m.mu.Unlock()
-	if err := m.reconcileGPUs(ctx, settingsGPUs(rec.Devices)); err != nil {
-		logger.Error(err, "Rolling back a failed prepare: GPU settings not restored; the next start restores them", "uid", uid)
-	}
-	m.mu.Lock()
-	v := m.changed()
-	m.mu.Unlock()
-	if err := m.persist(v); err != nil {
-		klog.FromContext(ctx).Error(err, "Rolling back a failed prepare: checkpoint not updated; the next start rolls it back", "uid", uid)
+	err := m.locked(ctx, func() error {
+		m.mu.Lock()
+		m.release(uid, rec.Devices)
+		delete(m.data.Claims, string(uid))
+		m.changed()
+		m.mu.Unlock()
+		if err := m.reconcileHeld(ctx, settingsGPUs(rec.Devices)); err != nil {
+			logger.Error(err, "Rolling back a failed prepare: GPU settings not restored; the next start restores them", "uid", uid)
+		}
+		m.mu.Lock()
+		v := m.changed()
+		m.mu.Unlock()
+		return m.persist(v)
+	})
+	if err != nil {
+		logger.Error(err, "Rolling back a failed prepare: checkpoint not updated; the next start rolls it back", "uid", uid)
 	}
 }
 
@@ -524,7 +622,7 @@ func memoryEnv(device string) string { return deviceEnv(device) + "_MEMORY_LIMIT
 // checkShareLocked refuses to mix exclusive and shared use of one device,
 // and shares beyond the device's memory: the scheduler's accounting, checked
 // again as the last line of defence; m.mu held.
-func (m *Manager) checkShareLocked(uid types.UID, ref string, d checkpoint.Device) error {
+func (m *Manager) checkShareLocked(uid types.UID, d checkpoint.Device) error {
 	inv, _ := m.inventory().Lookup(d.Device)
 	used := d.MemoryBytes
 	for other, c := range m.data.Claims {
@@ -536,13 +634,13 @@ func (m *Manager) checkShareLocked(uid types.UID, ref string, d checkpoint.Devic
 				continue
 			}
 			if (o.ShareID == "") != (d.ShareID == "") {
-				return fmt.Errorf("claim %s: device %s is held by claim %s (%s) and cannot be both shared and exclusive; unprepare it first", ref, d.Device, claimRef(c.Namespace, c.Name), other)
+				return fmt.Errorf("device %s is held by claim %s (%s) and cannot be both shared and exclusive; unprepare it first", d.Device, claimRef(c.Namespace, c.Name), other)
 			}
 			used += o.MemoryBytes
 		}
 	}
 	if d.ShareID != "" && inv.GPU.MemoryBytes > 0 && used > inv.GPU.MemoryBytes {
-		return fmt.Errorf("claim %s: device %s: memory shares would add up to %d MiB, more than the GPU's %d MiB; the claim was allocated past the GPU's capacity, delete it to have it allocated again", ref, d.Device, used>>20, inv.GPU.MemoryBytes>>20)
+		return fmt.Errorf("device %s: memory shares would add up to %d MiB, more than the GPU's %d MiB; the claim was allocated past the GPU's capacity, delete it to have it allocated again", d.Device, used>>20, inv.GPU.MemoryBytes>>20)
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
+	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/prepare"
 	"github.com/tessera-dev/tessera/test/fixtures"
 )
@@ -52,6 +53,9 @@ type env struct {
 	// daemons (nil: none).
 	share func(discovery.GPU) inventory.Share
 	mps   prepare.MPSDaemons
+	// rolling makes each Manager one of two instances of a rolling update
+	// (Config.Shared).
+	rolling bool
 }
 
 func newEnv(t *testing.T, profile string) *env {
@@ -88,8 +92,12 @@ func (e *env) config() prepare.Config {
 		e.t.Fatal(err)
 	}
 	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
-	return prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
+	cfg := prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
 		Settings: gpuset.New(e.node.NVML), MPS: e.mps}
+	if e.rolling {
+		cfg.Shared = nodelock.New(e.dataDir)
+	}
+	return cfg
 }
 
 func (e *env) start() *prepare.Manager {

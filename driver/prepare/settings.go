@@ -59,7 +59,7 @@ func (m *Manager) wantedLocked(gpu string) wanted {
 
 // conflictLocked refuses settings that disagree with those of another
 // claim on the same GPU (possible only where claims share a GPU); m.mu held.
-func (m *Manager) conflictLocked(uid types.UID, ref string, devs []checkpoint.Device) error {
+func (m *Manager) conflictLocked(uid types.UID, devs []checkpoint.Device) error {
 	for _, d := range devs {
 		if d.Settings == nil {
 			continue
@@ -73,10 +73,10 @@ func (m *Manager) conflictLocked(uid types.UID, ref string, devs []checkpoint.De
 					continue
 				}
 				if a, b := d.Settings.PowerLimitMW, o.Settings.PowerLimitMW; a != 0 && b != 0 && a != b {
-					return fmt.Errorf("claim %s: device %s: powerLimitWatts %d disagrees with %d W of claim %s, which shares the GPU; use the same limit or none", ref, d.Device, a/1000, b/1000, claimRef(c.Namespace, c.Name))
+					return fmt.Errorf("device %s: powerLimitWatts %d disagrees with %d W of claim %s, which shares the GPU; use the same limit or none", d.Device, a/1000, b/1000, claimRef(c.Namespace, c.Name))
 				}
 				if a, b := d.Settings.ComputeMode, o.Settings.ComputeMode; a != "" && b != "" && a != b {
-					return fmt.Errorf("claim %s: device %s: needs compute mode %s, but claim %s on the same GPU needs %s; they cannot share it", ref, d.Device, a, claimRef(c.Namespace, c.Name), b)
+					return fmt.Errorf("device %s: needs compute mode %s, but claim %s on the same GPU needs %s; they cannot share it", d.Device, a, claimRef(c.Namespace, c.Name), b)
 				}
 			}
 		}
@@ -95,8 +95,19 @@ func settingsGPUs(devs []checkpoint.Device) []string {
 	return out
 }
 
-// reconcileGPUs reconciles each GPU, returning the first error.
+// reconcileGPUs reconciles each GPU, returning the first error. GPU
+// settings are shared state (their originals are in the checkpoint): in a
+// rolling update this runs under the node lock, and NVML's settings calls,
+// which take milliseconds, are all it does there.
 func (m *Manager) reconcileGPUs(ctx context.Context, gpus []string) error {
+	if len(gpus) == 0 {
+		return nil
+	}
+	return m.locked(ctx, func() error { return m.reconcileHeld(ctx, gpus) })
+}
+
+// reconcileHeld is reconcileGPUs with the node lock held.
+func (m *Manager) reconcileHeld(ctx context.Context, gpus []string) error {
 	var first error
 	for _, g := range gpus {
 		if err := m.reconcileGPU(ctx, g); err != nil && first == nil {

@@ -35,6 +35,20 @@
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
 //     per-claim lock.
+//   - In a rolling update two plugin instances serve the node and share
+//     its checkpoint (Config.Shared). Each read or change of the prepared
+//     state then runs under the node lock, starting from the checkpoint on
+//     disk and writing its change before the lock is released (locked);
+//     nothing slow runs under it (no API call, no wait for an MPS daemon, no
+//     MIG partition created): the started mark reserves the devices, the
+//     slow work follows outside the lock, and the completed mark is written
+//     under it again. A claim's whole prepare or unprepare holds its claim
+//     lock, shared by both instances. A start's recovery leaves alone the
+//     claims (and the specs) whose claim lock the other instance holds:
+//     they are under way there, not interrupted. The MPS daemon of an
+//     interrupted claim is stopped once its record is gone, outside the
+//     node lock; a crash in between leaves a daemon no claim holds, which
+//     the daemon sweep deletes.
 //   - A corrupted checkpoint, found at start or by a rolling update's
 //     reload, is copied aside and rebuilt from the CDI specs of this boot;
 //     the rebuilt file replaces it before the node-wide lock is released,
@@ -113,6 +127,22 @@ type Config struct {
 	// claim (the gang controller's rank and size, read from the claim's
 	// annotations). An error fails the prepare.
 	ClaimEnv func(*resourceapi.ResourceClaim) ([]string, error)
+	// Shared, set in a rolling update, are the locks of the state another
+	// plugin instance shares (driver/nodelock); nil when this one owns it.
+	Shared SharedLocks
+}
+
+// SharedLocks serialise two plugin instances serving one node side by side
+// (driver/nodelock).
+type SharedLocks interface {
+	// LockNode is held around every read and change of the prepared state
+	// (locked): never across an API call or a wait.
+	LockNode() (unlock func(), err error)
+	// LockClaim is held for a claim's whole prepare or unprepare.
+	LockClaim(uid types.UID) (unlock func(), err error)
+	// TryLockClaim takes a claim's lock unless the other instance holds it
+	// (ok false).
+	TryLockClaim(uid types.UID) (unlock func(), ok bool, err error)
 }
 
 // Partitioner creates and destroys MIG partitions (mig.Manager).
@@ -143,19 +173,72 @@ type Manager struct {
 	written uint64     // the newest version on disk
 }
 
-// New loads the checkpoint and brings the node to a consistent state: see
-// Recover.
+// New loads the checkpoint and brings the node to a consistent state (see
+// recover), under the node lock in a rolling update; the MPS daemons of the
+// claims it rolled back or finished are stopped after that lock is released.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{cfg: cfg, owners: map[string]types.UID{}}
 	m.inv.Store(cfg.Inventory)
-	if err := m.recover(ctx); err != nil {
+	unlockNode := func() {}
+	if cfg.Shared != nil {
+		var err error
+		if unlockNode, err = cfg.Shared.LockNode(); err != nil {
+			return nil, err
+		}
+	}
+	var r recovered
+	defer r.release()
+	err := m.recover(ctx, &r)
+	unlockNode()
+	if err != nil {
 		return nil, err
+	}
+	for _, c := range r.daemons {
+		if err := m.stopMPS(ctx, c); err != nil {
+			// Not fatal: the daemon sweep finds it once the API answers.
+			klog.FromContext(ctx).Error(err, "MPS daemon of an interrupted claim not stopped", "claim", klog.KRef(c.Namespace, c.Name))
+		}
 	}
 	return m, nil
 }
 
-// recover loads the checkpoint and settles whatever a crash left half done.
-func (m *Manager) recover(ctx context.Context) error {
+// recovered is what recover leaves to do once the node lock is released:
+// the claims whose MPS daemons to stop, and their claim locks to release
+// after.
+type recovered struct {
+	daemons  []checkpoint.Claim
+	releases []func()
+}
+
+func (r *recovered) release() {
+	for _, f := range r.releases {
+		f()
+	}
+}
+
+// settleable takes the lock of a claim whose leftovers recovery would undo
+// or remove, keeping it in r until New is done. In a rolling update a claim
+// whose lock the other instance holds is under way there, not interrupted:
+// false, and it is left alone.
+func (m *Manager) settleable(ctx context.Context, uid string, r *recovered) (bool, error) {
+	if m.cfg.Shared == nil {
+		return true, nil
+	}
+	unlock, ok, err := m.cfg.Shared.TryLockClaim(types.UID(uid))
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		klog.FromContext(ctx).Info("Leaving a claim the other plugin instance is preparing or unpreparing", "uid", uid)
+		return false, nil
+	}
+	r.releases = append(r.releases, unlock)
+	return true, nil
+}
+
+// recover loads the checkpoint and settles whatever a crash left half done;
+// the node lock is held (in a rolling update).
+func (m *Manager) recover(ctx context.Context, r *recovered) error {
 	logger := klog.FromContext(ctx)
 	data, _, err := m.loadOrRebuild(ctx)
 	if err != nil {
@@ -176,27 +259,32 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.recordDomainSpecs(ctx, &data)
 	}
 	for uid, c := range data.Claims {
-		switch c.Phase {
-		case checkpoint.PrepareStarted:
-			logger.Info("Rolling back a prepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
-		case checkpoint.UnprepareStarted:
-			logger.Info("Finishing an unprepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
-		default:
+		if c.Phase != checkpoint.PrepareStarted && c.Phase != checkpoint.UnprepareStarted {
 			continue
+		}
+		if ok, err := m.settleable(ctx, uid, r); err != nil || !ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if c.Phase == checkpoint.PrepareStarted {
+			logger.Info("Rolling back a prepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+		} else {
+			logger.Info("Finishing an unprepare interrupted by a crash", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 		}
 		if err := m.removeSpecs(uid); err != nil {
 			return err
 		}
-		if err := m.stopMPS(ctx, c); err != nil {
-			// Not fatal: the daemon sweep finds it once the API answers.
-			logger.Error(err, "MPS daemon of an interrupted claim not stopped", "claim", klog.KRef(c.Namespace, c.Name))
+		if c.MPS != nil {
+			r.daemons = append(r.daemons, c)
 		}
 		if err := m.destroyPartitions(c.Devices); err != nil {
 			return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 		}
 		delete(data.Claims, uid)
 	}
-	if err := m.removeOrphanSpecs(ctx, data); err != nil {
+	if err := m.removeOrphanSpecs(ctx, data, r); err != nil {
 		return err
 	}
 	if err := m.reportForeignPartitions(ctx, data); err != nil {
@@ -209,7 +297,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	// Settings of GPUs whose claims were rolled back or finished go back
 	// to what they were.
-	if err := m.reconcileGPUs(ctx, m.originalGPUs()); err != nil {
+	if err := m.reconcileHeld(ctx, m.originalGPUs()); err != nil {
 		return fmt.Errorf("restore GPU settings: %w", err)
 	}
 	return nil
@@ -245,12 +333,19 @@ func ownersOf(data checkpoint.Data) map[string]types.UID {
 }
 
 // removeOrphanSpecs deletes CDI specs of ours, GPU and gang domain claims'
-// alike, that no claim owns.
-func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) error {
+// alike, that no claim owns (nor, in a rolling update, the other instance
+// is writing: a domain claim's spec precedes its record).
+func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data, r *recovered) error {
 	for _, store := range m.specStores() {
 		specs, _ := store.List()
 		for _, s := range specs {
 			if _, ok := data.Claims[s.ClaimUID]; ok {
+				continue
+			}
+			if ok, err := m.settleable(ctx, s.ClaimUID, r); err != nil || !ok {
+				if err != nil {
+					return err
+				}
 				continue
 			}
 			klog.FromContext(ctx).Info("Removing a CDI spec that no prepared claim owns", "uid", s.ClaimUID, "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "path", store.Path(s.ClaimUID))
@@ -262,15 +357,69 @@ func (m *Manager) removeOrphanSpecs(ctx context.Context, data checkpoint.Data) e
 	return nil
 }
 
-// Reload replaces the in-memory state with the checkpoint on disk. Two
-// plugin instances serve side by side during a rolling update: the kubelet
-// may prepare a claim through one and unprepare it through the other, so in
-// that mode every call starts from what is on disk (under a lock shared by
-// both instances) instead of from this process's memory. A corrupted
-// checkpoint is rebuilt from the CDI specs as at start (loadOrRebuild) and
-// written over it at once, still under that lock, so that the other
-// instance's next call reloads the rebuilt file.
+// Reload replaces the in-memory state with the checkpoint on disk, under
+// the node lock in a rolling update.
 func (m *Manager) Reload(ctx context.Context) error {
+	if m.cfg.Shared == nil {
+		return m.reload(ctx)
+	}
+	return m.locked(ctx, func() error { return nil })
+}
+
+// locked runs fn as a critical section of the prepared state. With one
+// instance serving the node that is fn alone: m.mu guards memory and the
+// checkpoint is written from it. Two plugin instances serve side by side
+// during a rolling update, and the kubelet may prepare a claim through one
+// and unprepare it through the other: the checkpoint on disk is then the
+// state, and fn runs under the node lock both hold, starting from what is
+// on disk (reload), and writes every change it makes before returning.
+// Every claim on the node waits for that lock: fn must never call the API
+// server or wait for anything but the checkpoint and NVML's settings calls.
+func (m *Manager) locked(ctx context.Context, fn func() error) error {
+	if m.cfg.Shared == nil {
+		return fn()
+	}
+	unlock, err := m.cfg.Shared.LockNode()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := m.reload(ctx); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// lockClaim takes a claim's lock: this process's, and in a rolling update
+// the one both instances share.
+func (m *Manager) lockClaim(uid types.UID) (func(), error) {
+	unlock := m.claimLocks.lock(uid)
+	if m.cfg.Shared == nil {
+		return unlock, nil
+	}
+	unlockShared, err := m.cfg.Shared.LockClaim(uid)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	return func() { unlockShared(); unlock() }, nil
+}
+
+// Snapshot returns the claims prepared now: in a rolling update, as on disk.
+func (m *Manager) Snapshot(ctx context.Context) (map[types.UID]checkpoint.Claim, error) {
+	var out map[types.UID]checkpoint.Claim
+	err := m.locked(ctx, func() error {
+		out = m.PreparedClaims()
+		return nil
+	})
+	return out, err
+}
+
+// reload replaces the in-memory state with the checkpoint on disk. A
+// corrupted checkpoint is rebuilt from the CDI specs as at start
+// (loadOrRebuild) and written over it at once, still under the node lock,
+// so that the other instance's next reload finds the rebuilt file.
+func (m *Manager) reload(ctx context.Context) error {
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
 	data, rebuilt, err := m.loadOrRebuild(ctx)

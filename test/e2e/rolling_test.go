@@ -15,10 +15,11 @@ import (
 
 // TestRollingUpdateServesEveryCallWithTwoPluginInstances plays a DaemonSet
 // rolling update with surge on one node: the old plugin pod (rolling-update
-// mode, --pod-uid) serves a GPU pod, the new one starts beside it and
-// registers, pods come and go while both run and after the old one stops,
-// and no prepare or unprepare fails. Claims prepared by the old instance are
-// unprepared by the new one: they share the node's checkpoint.
+// mode, --pod-uid) serves two GPU pods, the new one starts beside it and
+// registers, a pod is created and one of the old instance's is deleted while
+// both serve, then the old one stops and the new one serves alone: it
+// unprepares the old one's other pod, and no prepare or unprepare fails.
+// Both share the node's checkpoint, which ends empty.
 func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
 	spec := l4Node
 	spec.options = func(o *plugin.Options) { o.PodUID = "plugin-pod-old" }
@@ -34,6 +35,7 @@ func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
 		return newGPUPod(ns, name, gpuFrom("one-gpu"))
 	}
 	before := c.createAndRun(ctx, t, withGPU("before"))
+	kept := c.createAndRun(ctx, t, withGPU("kept"))
 
 	// The new pod of the DaemonSet starts beside the old one.
 	registrations, err := node.DRAPluginRegistrations(gpunode.DriverName)
@@ -54,15 +56,23 @@ func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
 	if err := node.WaitRegistered(ctx, registrations); err != nil {
 		t.Fatal(err)
 	}
+	// While both serve: a pod comes, and one the old instance prepared
+	// goes (the kubelet may call either instance).
 	during := c.createAndRun(ctx, t, withGPU("during"))
-
-	// The old pod terminates; the new one serves alone.
-	node.StopPlugin()
-	firstClaim := c.claimOf(ctx, t, before, "gpu").UID
+	specGone := func(pod *corev1.Pod) func() bool {
+		claim := string(c.claimOf(ctx, t, pod, "gpu").UID)
+		return func() bool { return !strings.Contains(strings.Join(node.cdiSpecs(), " "), claim) }
+	}
+	beforeGone := specGone(before)
 	deletePods(ctx, t, c, before)
-	waitFor(ctx, t, "the first pod's CDI spec removed by the new instance", func() bool {
-		return !strings.Contains(strings.Join(node.cdiSpecs(), " "), string(firstClaim))
-	})
+	waitFor(ctx, t, "the CDI spec of a pod deleted while both instances serve removed", beforeGone)
+
+	// The old pod terminates; the new one serves alone and unprepares
+	// what the old one prepared.
+	node.StopPlugin()
+	keptGone := specGone(kept)
+	deletePods(ctx, t, c, kept)
+	waitFor(ctx, t, "the old instance's pod's CDI spec removed by the new instance", keptGone)
 	after := c.createAndRun(ctx, t, withGPU("after"))
 	deletePods(ctx, t, c, during, after)
 	waitFor(ctx, t, "every claim unprepared", func() bool { return len(node.cdiSpecs()) == 0 })
