@@ -187,9 +187,13 @@ func Create(d nvml.Device, index int, pl Placement) (Instance, error) {
 	return describe(d, gi, prof)
 }
 
-// Destroy removes the GPU instance at the placement (compute instances
-// first). A placement with no instance is not an error: destroy is idempotent.
-func Destroy(d nvml.Device, index int, pl Placement) (bool, error) {
+// Destroy removes the GPU instance of the profile at the placement (compute
+// instances first), but only the one the caller made: the instance whose MIG
+// device UUID is uuid, or, with uuid empty, an instance with no compute
+// instance (nothing can run in it). Any other instance there is someone
+// else's and is left alone (false, nil). A placement with no instance is not
+// an error: destroy is idempotent.
+func Destroy(d nvml.Device, index int, pl Placement, uuid string) (bool, error) {
 	p, prof, err := profile(d, index)
 	if err != nil {
 		return false, err
@@ -205,6 +209,13 @@ func Destroy(d nvml.Device, index int, pl Placement) (bool, error) {
 		info, ret := gi.GetInfo()
 		if ret != nvml.SUCCESS || int(info.Placement.Start) != pl.Start {
 			continue
+		}
+		inst, err := describe(d, gi, prof)
+		if err != nil {
+			return false, err
+		}
+		if inst.UUID != uuid {
+			return false, nil // not the instance the caller made
 		}
 		for id := 0; id < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
 			cp, ret := gi.GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)

@@ -63,22 +63,25 @@ func (m *Manager) Create(gpuUUID string, switchable bool, index int, pl Placemen
 	return Create(d, index, pl)
 }
 
-// Destroy removes a partition (idempotently) and, on GPUs that switch without
-// a reset, leaves MIG mode once the last partition is gone so the whole GPU
-// is usable again.
-func (m *Manager) Destroy(gpuUUID string, switchable bool, index int, pl Placement) error {
+// Destroy removes the partition whose MIG device UUID is uuid (with uuid
+// empty: one without a compute instance) at the placement, idempotently, and
+// on GPUs that switch without a reset leaves MIG mode once the last partition
+// is gone so the whole GPU is usable again. It reports whether it destroyed
+// one: another instance at the placement is someone else's and stays.
+func (m *Manager) Destroy(gpuUUID string, switchable bool, index int, pl Placement, uuid string) (bool, error) {
 	d, unlock, err := m.lock(gpuUUID)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
-	if _, err := Destroy(d, index, pl); err != nil {
-		return err
+	destroyed, err := Destroy(d, index, pl, uuid)
+	if err != nil || !destroyed {
+		return false, err
 	}
 	if switchable {
-		return m.leaveIfEmpty(d)
+		return true, m.leaveIfEmpty(d)
 	}
-	return nil
+	return true, nil
 }
 
 // ExitMIG takes a switchable GPU out of MIG mode for whole-GPU use; it fails

@@ -99,8 +99,8 @@ func TestAnInterruptedMIGPrepareIsRolledBack(t *testing.T) {
 			if _, err := e.mig.Create(e.gpus[0].UUID, true, 0, mig.Placement{Start: 6, Size: 1}); err == nil {
 				t.Fatal("placement 6 should be taken")
 			}
-			if err := e.mig.Destroy(e.gpus[0].UUID, true, 0, mig.Placement{Start: 6, Size: 1}); err != nil {
-				t.Fatal(err)
+			if gone, err := e.mig.Destroy(e.gpus[0].UUID, true, 0, mig.Placement{Start: 6, Size: 1}, c.Devices[0].MIG.UUID); err != nil || !gone {
+				t.Fatalf("destroy the claim's partition: %v %v", gone, err)
 			}
 		}
 		d.Claims["uid-half"] = c
@@ -340,5 +340,49 @@ func TestAFailedPrepareDestroysThePartitionItCreated(t *testing.T) {
 	}
 	if len(m.PreparedClaims()) != 0 {
 		t.Errorf("claims after failure: %v", m.PreparedClaims())
+	}
+}
+
+// TestACrashAfterAnOccupiedPrepareLeavesTheOccupantAlone: a claim is
+// allocated a partition whose placement an operator's instance occupies; its
+// prepare fails "occupied", and the plugin dies before the rollback reaches
+// the checkpoint, which still says PrepareStarted with the partition's
+// record. Neither the restart's rollback nor the kubelet's retry may destroy
+// or adopt the operator's instance: the record never named its UUID.
+func TestACrashAfterAnOccupiedPrepareLeavesTheOccupantAlone(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	m := e.start()
+	if err := e.node.CreateInstance(0, 0, 6); err != nil { // 1g.10gb at 6, behind Tessera's back
+		t.Fatal(err)
+	}
+	foreign, err := e.mig.Instances(e.gpus[0].UUID)
+	if err != nil || len(foreign) != 1 {
+		t.Fatalf("operator's instance: %v %v", foreign, err)
+	}
+	if _, err := m.Prepare(ctx, claim("x", part)); err == nil || !strings.Contains(err.Error(), "occupied") {
+		t.Fatalf("prepare over the operator's instance: %v, want occupied", err)
+	}
+	// The crash: the started record (no UUID: nothing was made) is what the
+	// disk still holds.
+	d := load(t, e.dataDir)
+	d.Claims["uid-x"] = checkpoint.Claim{Namespace: "default", Name: "x", Phase: checkpoint.PrepareStarted, Devices: []checkpoint.Device{{
+		Requests: []string{"req-0"}, Pool: nodeName, Device: part,
+		MIG: &checkpoint.MIGPartition{GPUUUID: e.gpus[0].UUID, ProfileIndex: 0, Start: 6, Size: 1, Switchable: true},
+	}}}
+	save(t, e.dataDir, d)
+	e.node.ResetCalls()
+	m = e.start()
+	if _, err := m.Prepare(ctx, claim("x", part)); err == nil || !strings.Contains(err.Error(), "occupied") {
+		t.Errorf("the kubelet's retry: %v, want occupied (the operator's instance is not the claim's)", err)
+	}
+	for _, c := range e.node.Calls() {
+		if strings.Contains(c, "Destroy") {
+			t.Errorf("the operator's instance was touched: %s", c)
+		}
+	}
+	after, err := e.mig.Instances(e.gpus[0].UUID)
+	if err != nil || len(after) != 1 || after[0].UUID != foreign[0].UUID {
+		t.Errorf("after restart and retry: %+v (%v), want the operator's %s only", after, err, foreign[0].UUID)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
@@ -23,11 +24,13 @@ func migRecord(d inventory.Device) *checkpoint.MIGPartition {
 	}
 }
 
-// createPartition makes a device's partition and records its identity. The
-// partition an earlier attempt of the claim's prepare made (earlier: that
-// attempt's record of it, nil if none) is adopted instead: recreated, it
-// would be found occupied.
-func (m *Manager) createPartition(rec, earlier *checkpoint.MIGPartition) error {
+// createPartition makes a device's partition and records its identity, on
+// disk through record before anything else happens: the identity (the MIG
+// device's UUID) is what lets a rollback or a restart destroy the partition
+// and nothing else at its placement. The partition an earlier attempt of the
+// claim's prepare made (earlier: that attempt's record of it, nil if none)
+// is adopted instead: recreated, it would be found occupied.
+func (m *Manager) createPartition(rec, earlier *checkpoint.MIGPartition, record func() error) error {
 	if m.cfg.MIG == nil {
 		return fmt.Errorf("MIG partitions are not managed on this node")
 	}
@@ -41,6 +44,9 @@ func (m *Manager) createPartition(rec, earlier *checkpoint.MIGPartition) error {
 		return err
 	}
 	rec.GPUInstance, rec.ComputeInstance, rec.UUID = inst.GPUInstanceID, inst.ComputeInstanceID, inst.UUID
+	if err := record(); err != nil {
+		return fmt.Errorf("record the MIG partition just created: %w", err)
+	}
 	failpoint(fpMIGCreate)
 	return nil
 }
@@ -61,10 +67,16 @@ func (m *Manager) adoptPartition(rec, earlier *checkpoint.MIGPartition) (bool, e
 			continue
 		}
 		switch {
-		case earlier.UUID != "" && in.UUID != earlier.UUID:
-			return false, nil // not the one made; Create reports the placement occupied
 		case in.UUID == "":
-			return false, m.cfg.MIG.Destroy(rec.GPUUUID, rec.Switchable, rec.ProfileIndex, mig.Placement{Start: rec.Start, Size: rec.Size})
+			// No compute instance: nothing runs in it, it is safe to
+			// destroy and create again.
+			_, err := m.cfg.MIG.Destroy(rec.GPUUUID, rec.Switchable, rec.ProfileIndex, mig.Placement{Start: rec.Start, Size: rec.Size}, "")
+			return false, err
+		case in.UUID != earlier.UUID:
+			// Not the one the earlier attempt recorded making (or it
+			// recorded none): someone else's; Create reports the
+			// placement occupied.
+			return false, nil
 		}
 		rec.GPUInstance, rec.ComputeInstance, rec.UUID = in.GPUInstanceID, in.ComputeInstanceID, in.UUID
 		return true, nil
@@ -86,9 +98,13 @@ func earlierPartition(earlier []checkpoint.Device, d checkpoint.Device) *checkpo
 	return nil
 }
 
-// destroyPartitions removes the partitions recorded for devices; a partition
-// that does not exist (never created, already gone) is fine.
-func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
+// destroyPartitions removes the partitions recorded for devices: each the
+// instance of the recorded UUID, or, for a record without one (its prepare
+// stopped before the partition was recorded made), an instance with no
+// compute instance at the placement. Any other instance there is left alone
+// (with a log line): it was made by someone else, and may be in use. A
+// partition that does not exist (never created, already gone) is fine.
+func (m *Manager) destroyPartitions(ctx context.Context, devs []checkpoint.Device) error {
 	for _, d := range devs {
 		if d.MIG == nil {
 			continue
@@ -96,8 +112,12 @@ func (m *Manager) destroyPartitions(devs []checkpoint.Device) error {
 		if m.cfg.MIG == nil {
 			return fmt.Errorf("device %s has a MIG partition but MIG is not managed on this node", d.Device)
 		}
-		if err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileIndex, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}); err != nil {
+		destroyed, err := m.cfg.MIG.Destroy(d.MIG.GPUUUID, d.MIG.Switchable, d.MIG.ProfileIndex, mig.Placement{Start: d.MIG.Start, Size: d.MIG.Size}, d.MIG.UUID)
+		if err != nil {
 			return fmt.Errorf("device %s: destroy MIG partition: %w", d.Device, err)
+		}
+		if !destroyed {
+			klog.FromContext(ctx).V(2).Info("No MIG instance of this claim's record at the device's placement; any instance there is someone else's and stays", "device", d.Device, "recordedUUID", d.MIG.UUID)
 		}
 		failpoint(fpMIGDestroy)
 	}
@@ -141,4 +161,30 @@ func (m *Manager) reportForeignPartitions(ctx context.Context, data checkpoint.D
 
 func partitionKey(gpuUUID string, profileIndex, start int) string {
 	return fmt.Sprintf("%s/%d/%d", gpuUUID, profileIndex, start)
+}
+
+// recordPartitions writes the claim's started record again with its
+// devices as they stand (the partitions made so far, with their UUIDs), so
+// that from now on a rollback or a restart destroys exactly these instances.
+func (m *Manager) recordPartitions(ctx context.Context, uid types.UID, devs []checkpoint.Device) error {
+	return m.locked(ctx, func() error {
+		m.mu.Lock()
+		c, ok := m.data.Claims[string(uid)]
+		if !ok || c.Phase != checkpoint.PrepareStarted {
+			m.mu.Unlock()
+			return fmt.Errorf("the claim's started record is gone")
+		}
+		c.Devices = make([]checkpoint.Device, len(devs))
+		for i, d := range devs {
+			if d.MIG != nil {
+				rec := *d.MIG
+				d.MIG = &rec
+			}
+			c.Devices[i] = d
+		}
+		m.data.Claims[string(uid)] = c
+		v := m.changed()
+		m.mu.Unlock()
+		return m.persist(v)
+	})
 }

@@ -199,7 +199,7 @@ func (m *Manager) unprepare(ctx context.Context, uid types.UID, still func(check
 	if err := m.stopMPS(ctx, c); err != nil {
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
-	if err := m.destroyPartitions(c.Devices); err != nil {
+	if err := m.destroyPartitions(ctx, c.Devices); err != nil {
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	// The claim is being unprepared, so it no longer counts: its GPUs go
@@ -432,7 +432,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 					created = append(created, d)
 				}
 			}
-			_ = m.destroyPartitions(created)
+			_ = m.destroyPartitions(ctx, created)
 		}
 	}()
 	if err := m.reconcileGPUs(ctx, settingsGPUs(out)); err != nil {
@@ -452,7 +452,8 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer published on this node", d.Device)
 		}
-		dev, uuid, err := m.containerDevice(inv, d, earlierPartition(earlier, *d))
+		record := func() error { return m.recordPartitions(ctx, claim.UID, out) }
+		dev, uuid, err := m.containerDevice(inv, d, earlierPartition(earlier, *d), record)
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", d.Device, err)
 		}
@@ -513,7 +514,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 // containerDevice makes the device usable (creating a MIG partition, or
 // taking a switchable GPU out of MIG mode for whole use) and returns what
 // the container needs for it and the UUID it is known by.
-func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, earlier *checkpoint.MIGPartition) (cdi.Device, string, error) {
+func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, earlier *checkpoint.MIGPartition, record func() error) (cdi.Device, string, error) {
 	g := inv.GPU
 	parent := m.cfg.DevNodes.GPU(g.Minor)
 	envKey := deviceEnv(d.Device) + "_UUID"
@@ -529,7 +530,7 @@ func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, ea
 		if d.AdminAccess {
 			return m.observePartition(inv, d)
 		}
-		if err := m.createPartition(d.MIG, earlier); err != nil {
+		if err := m.createPartition(d.MIG, earlier, record); err != nil {
 			return cdi.Device{}, "", err
 		}
 		caps, err := m.cfg.DevNodes.MIG(g.Minor, d.MIG.GPUInstance, d.MIG.ComputeInstance)

@@ -148,7 +148,7 @@ type SharedLocks interface {
 // Partitioner creates and destroys MIG partitions (mig.Manager).
 type Partitioner interface {
 	Create(gpuUUID string, switchable bool, index int, pl mig.Placement) (mig.Instance, error)
-	Destroy(gpuUUID string, switchable bool, index int, pl mig.Placement) error
+	Destroy(gpuUUID string, switchable bool, index int, pl mig.Placement, uuid string) (bool, error)
 	ExitMIG(gpuUUID string) error
 	Instances(gpuUUID string) ([]mig.Instance, error)
 }
@@ -279,7 +279,7 @@ func (m *Manager) recover(ctx context.Context, r *recovered) error {
 		if c.MPS != nil {
 			r.daemons = append(r.daemons, c)
 		}
-		if err := m.destroyPartitions(c.Devices); err != nil {
+		if err := m.destroyPartitions(ctx, c.Devices); err != nil {
 			return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 		}
 		delete(data.Claims, uid)
