@@ -201,6 +201,16 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 		{"a preloaded library", "nothing else", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/tmp/nvidia-mps/x.so"})
 		}},
+		{"a library path of its own", "nothing else", func(p *corev1.Pod) {
+			for i, e := range p.Spec.Containers[0].Env {
+				if e.Name == "LD_LIBRARY_PATH" {
+					p.Spec.Containers[0].Env[i].Value = "/driver-root/var/lib/kubelet/pods/0000/volumes/kubernetes.io~empty-dir/x"
+				}
+			}
+		}},
+		{"another claim's directories", "mounts only host directories", func(p *corev1.Pod) {
+			p.Name = "tessera-mps-0f1e2d3c-0000-4000-8000-999999999999" // its volumes are still another claim's
+		}},
 		{"a further host path", "mounts only host directories", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc", Type: ptr.To(corev1.HostPathDirectory)}}})
 			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "etc", MountPath: "/host-etc"})
