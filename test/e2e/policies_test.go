@@ -351,10 +351,14 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	// Slices.
 	slices := ctl.ResourceV1().ResourceSlices()
 	slice := func(name, driver string, node *string) *resourceapi.ResourceSlice {
+		pool := name
+		if name == "domain" {
+			pool = "domains/nvlink/" + combo // as controller/domains names its pools
+		}
 		s := &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + name},
 			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: node,
-				Pool: resourceapi.ResourcePool{Name: name, ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "channel-0"}}},
+				Pool: resourceapi.ResourcePool{Name: pool, ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "channel-0"}}},
 		}
 		if node == nil {
 			s.Spec.AllNodes = ptr.To(true)
@@ -372,6 +376,10 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	}
 	_, err = slices.Create(ctx, slice("node-a", driverName, ptr.To("node-a")), metav1.CreateOptions{})
 	expectRefusal(t, combo+": the controller writes a node's slice", err, "node-less ResourceSlices of driver gpu.tessera.dev")
+	// A node-less slice in a node's pool would stand in for the plugin's
+	// own slices of that node.
+	_, err = slices.Create(ctx, slice("node-a", driverName, nil), metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller writes a node-less slice in a node's pool", err, "in its domain pools")
 	nodeSlice, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("node-b", driverName, ptr.To("node-b")), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
