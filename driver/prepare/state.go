@@ -64,7 +64,11 @@
 //   - A MIG partition is recorded (GPU, profile index, placement) with the
 //     PrepareStarted mark before it is created, and destroyed before its claim
 //     leaves the checkpoint; a crash at any step is rolled back from that
-//     record. Tessera destroys only partitions it recorded: at start, a
+//     record. The partition's MIG device UUID is written to the record as
+//     soon as the partition exists, and every destroy by record matches it
+//     (a record without one destroys only an instance with no compute
+//     instance, where nothing can run). Tessera destroys only partitions it
+//     recorded: at start, a
 //     partition no checkpointed claim records (an operator's, mig-manager's,
 //     or one that outlived a lost checkpoint) is logged and left alone, never
 //     destroyed, since a running workload may be using it.
