@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/controller/gang"
@@ -49,7 +50,15 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 
 	// take gives the small claim member 0's device, as the scheduler would,
 	// and waits until the small pod runs on it: its prepare comes first.
-	var first string
+	// first is written by the controller's goroutine (the hook) and read
+	// by the test's.
+	var firstPlacement atomic.Pointer[string]
+	first := func() string {
+		if p := firstPlacement.Load(); p != nil {
+			return *p
+		}
+		return ""
+	}
 	var taken atomic.Pointer[resourceapi.DeviceRequestAllocationResult]
 	take := func() error {
 		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
@@ -89,7 +98,7 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 			if err != nil {
 				return fmt.Errorf("the small pod did not run on %s/%s: %w", r.Pool, r.Device, err)
 			}
-			first = mc.Annotations[gangv1.AnnotationPlacement]
+			firstPlacement.Store(ptr.To(mc.Annotations[gangv1.AnnotationPlacement]))
 			taken.Store(&r)
 			return nil
 		}
@@ -123,7 +132,7 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 		}
 		second = e.gs.get(ctx, t, ns, "train").Annotations[gangv1.AnnotationCommitted]
 		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
-		if err != nil || first == "" || second == "" || second == first {
+		if err != nil || first() == "" || second == "" || second == first() {
 			return false, nil
 		}
 		pods = pods[:0]
@@ -143,7 +152,7 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 		for _, p := range list.Items {
 			fmt.Fprintf(&b, "  pod %s: %s node=%q placement=%q deleting=%v\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Annotations[gangv1.AnnotationPlacement], p.DeletionTimestamp != nil)
 		}
-		t.Fatalf("the gang was not placed again after member 0's prepare was refused (placement %q, was %q):\n%s%s\nevents:\n%s", second, first, describeConditions(e.gs.get(ctx, t, ns, "train")), b.String(), e.c.events(ctx, ns))
+		t.Fatalf("the gang was not placed again after member 0's prepare was refused (placement %q, was %q):\n%s%s\nevents:\n%s", second, first(), describeConditions(e.gs.get(ctx, t, ns, "train")), b.String(), e.c.events(ctx, ns))
 	}
 	recovered := time.Since(began)
 	r := taken.Load()
@@ -182,7 +191,7 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 		t.Errorf("the small pod no longer runs: %v", err)
 	}
 	t.Logf("the small claim took %s/%s of member 0 (placement %s); the gang runs again as placement %s on %v, %v after it was created",
-		r.Pool, r.Device, first, second, nodesOf(pods), recovered.Round(time.Second))
+		r.Pool, r.Device, first(), second, nodesOf(pods), recovered.Round(time.Second))
 	e.restartController(t, nil)
 }
 
