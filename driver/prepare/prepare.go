@@ -108,8 +108,22 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 
 	rec.Phase, rec.Devices = checkpoint.PrepareCompleted, prepared
+	var lost, settled bool
 	err = m.locked(ctx, func() error {
 		m.mu.Lock()
+		// The completed mark goes only over this attempt's started mark.
+		// In a rolling update the other instance may have settled it
+		// meanwhile: an instance of an earlier release, which knows no
+		// claim locks, rolls back every started claim when it starts, and
+		// a reload that rebuilt a corrupted checkpoint from the CDI specs
+		// knows no claim whose spec is not written yet. Marked completed
+		// anyway, the claim would be recorded with partitions destroyed
+		// or devices another claim got meanwhile.
+		if cur, ok := m.data.Claims[string(uid)]; !ok || cur.Phase != checkpoint.PrepareStarted || !sameDevices(cur.Devices, want) {
+			m.mu.Unlock()
+			lost, settled = true, ok
+			return fmt.Errorf("its started mark was settled by the other plugin instance while this one prepared it; the kubelet's retry prepares it again")
+		}
 		m.data.Claims[string(uid)] = rec
 		v := m.changed()
 		m.mu.Unlock()
@@ -129,6 +143,9 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 		}
 		return nil
 	})
+	if lost {
+		m.abandon(ctx, uid, rec, settled)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
@@ -403,6 +420,25 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Cl
 	if err != nil {
 		logger.Error(err, "Rolling back a failed prepare: checkpoint not updated; the next start rolls it back", "uid", uid)
 	}
+}
+
+// abandon undoes what an attempt whose started mark the other instance
+// settled made (rec: the devices as prepared, with the partitions' UUIDs).
+// With no record left (rolled back, or lost in a rebuild), nothing else
+// holds them: its partitions (destroyed by UUID, so only the instances this
+// attempt made), CDI spec and MPS daemon go, as in a rollback. With a record
+// of another attempt (settled set), they are that attempt's now and stay.
+func (m *Manager) abandon(ctx context.Context, uid types.UID, rec checkpoint.Claim, settled bool) {
+	logger := klog.FromContext(ctx)
+	if settled {
+		logger.Info("Leaving a prepare another attempt took over", "claim", klog.KRef(rec.Namespace, rec.Name), "uid", uid)
+		return
+	}
+	logger.Info("Undoing a prepare the other plugin instance rolled back meanwhile", "claim", klog.KRef(rec.Namespace, rec.Name), "uid", uid)
+	if err := m.destroyPartitions(ctx, rec.Devices); err != nil {
+		logger.Error(err, "Undoing a prepare rolled back meanwhile: MIG partition left behind; it is logged as foreign at the next start", "uid", uid)
+	}
+	m.rollback(ctx, uid, rec)
 }
 
 // materialize creates the claim's MIG partitions and writes its CDI spec,

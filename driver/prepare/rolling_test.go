@@ -2,12 +2,17 @@ package prepare_test
 
 import (
 	"context"
+	"os"
 	"slices"
 	"sync"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/mig"
+	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
@@ -153,5 +158,148 @@ func TestTheStaleSweepUnpreparesOnlyAClaimAsItSawIt(t *testing.T) {
 	}
 	if done, err := m.UnprepareStale(ctx, c.UID, m.PreparedClaims()[c.UID]); !done || err != nil {
 		t.Fatalf("the claim as seen was not unprepared (%v, %v)", done, err)
+	}
+}
+
+// startGatedPrepare runs m.Prepare(c) until its MPS daemon's start waits,
+// and returns what the prepare returns once the gate opens.
+func startGatedPrepare(t *testing.T, m *prepare.Manager, mps *gatedMPS, c *resourceapi.ResourceClaim) <-chan error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Prepare(context.Background(), c)
+		errc <- err
+	}()
+	select {
+	case <-mps.starting:
+	case err := <-errc:
+		t.Fatalf("the prepare returned before its daemon started: %v", err)
+	}
+	return errc
+}
+
+// TestAPrepareAnEarlierReleaseRolledBackMeanwhileIsNotMarkedCompleted: in a
+// rolling update from an earlier release, whose instance knows no claim
+// locks and rolls back every started claim when it (re)starts, that rollback
+// lands while this instance is preparing the claim (its partition made, its
+// daemon starting). The prepare fails, for the kubelet to retry, and leaves
+// nothing: no record of a claim whose partition is gone, no partition, spec
+// or daemon.
+func TestAPrepareAnEarlierReleaseRolledBackMeanwhileIsNotMarkedCompleted(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "dgx-h100")
+	e.rolling = true
+	mps := &gatedMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}, starting: make(chan struct{}), serve: make(chan struct{})}
+	e.mps = mps
+	m := e.start()
+	c := withConfig(claim("train", "gpu-2-mig-1g10gb-6"), driverName, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`)
+	errc := startGatedPrepare(t, m, mps, c)
+
+	// The earlier release's start: under the node lock, every started
+	// claim rolled back from its record.
+	unlock, err := nodelock.New(e.dataDir).LockNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := checkpoint.NewStore(e.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := ck.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := data.Claims[string(c.UID)]
+	if !ok || rec.Phase != checkpoint.PrepareStarted || rec.Devices[0].MIG == nil || rec.Devices[0].MIG.UUID == "" {
+		t.Fatalf("the claim's started record before the rollback: %+v (present %v)", rec, ok)
+	}
+	p := rec.Devices[0].MIG
+	if _, err := e.mig.Destroy(p.GPUUUID, p.Switchable, p.ProfileIndex, mig.Placement{Start: p.Start, Size: p.Size}, p.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if err := mps.Stop(ctx, *rec.MPS); err != nil {
+		t.Fatal(err)
+	}
+	delete(data.Claims, string(c.UID))
+	if err := ck.Save(data); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+
+	close(mps.serve)
+	if err := <-errc; err == nil {
+		t.Error("the prepare rolled back meanwhile succeeded")
+	}
+	got, err := m.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := got[c.UID]; ok {
+		t.Errorf("the rolled-back claim is recorded: %+v", c)
+	}
+	if n := e.node.GPUInstances(2); n != 0 {
+		t.Errorf("GPU 2 has %d MIG instances, want none", n)
+	}
+	if f := specFiles(t, e.cdiDir); len(f) != 0 {
+		t.Errorf("CDI specs left: %v", f)
+	}
+	if r := mps.Running(); len(r) != 0 {
+		t.Errorf("daemons left running: %v", r)
+	}
+	// The kubelet's retry prepares it.
+	if _, err := m.Prepare(ctx, c); err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+}
+
+// TestAPrepareARebuildLostMeanwhileDoesNotShareItsGPU: in a rolling update,
+// the other instance finds the checkpoint corrupted while this one prepares
+// a claim and rebuilds it from the CDI specs, which do not know the claim
+// yet (its spec comes last); the other instance then prepares another claim
+// on the same GPU. The first prepare fails rather than record a GPU two
+// claims hold, and undoes what it made.
+func TestAPrepareARebuildLostMeanwhileDoesNotShareItsGPU(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "dgx-h100")
+	e.rolling = true
+	mps := &gatedMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}, starting: make(chan struct{}), serve: make(chan struct{})}
+	e.mps = mps
+	m := e.start()
+	first := gpuConfig(claim("first", "gpu-3"), `"sharing":{"strategy":"MPS"}`)
+	errc := startGatedPrepare(t, m, mps, first)
+
+	ck, err := checkpoint.NewStore(e.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ck.Path(), []byte("{not a checkpoint"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := e.start()
+	if _, err := other.Prepare(ctx, claim("second", "gpu-3")); err != nil {
+		t.Fatalf("the other instance's prepare after the rebuild: %v", err)
+	}
+
+	close(mps.serve)
+	if err := <-errc; err == nil {
+		t.Error("the prepare the rebuild lost succeeded")
+	}
+	got, err := m.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holders []string
+	for _, c := range got {
+		for _, d := range c.Devices {
+			if d.Device == "gpu-3" {
+				holders = append(holders, c.Name)
+			}
+		}
+	}
+	if !slices.Equal(holders, []string{"second"}) {
+		t.Errorf("gpu-3 held by %v, want only the claim prepared after the rebuild", holders)
+	}
+	if r := mps.Running(); len(r) != 0 {
+		t.Errorf("daemons left running: %v", r)
 	}
 }
