@@ -40,60 +40,37 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	}
 	defer unlock()
 
-	var rec checkpoint.Claim
-	var done bool // prepared before
-	var earlier []checkpoint.Device
-	err = m.locked(ctx, func() error {
-		m.mu.Lock()
-		c, ok := m.data.Claims[string(uid)]
-		if ok && c.Phase == checkpoint.PrepareCompleted {
-			m.mu.Unlock()
-			if !sameDevices(c.Devices, want) {
-				return fmt.Errorf("already prepared with devices %s, now allocated %s; unprepare it first", names(c.Devices), names(want))
-			}
-			rec, done = c, true
-			return nil
-		}
-		// A started mark is an earlier attempt whose completed mark was
-		// not written (in this process, or by the other instance of a
-		// rolling update): what it made is still there, and this attempt
-		// takes it over.
-		if ok && c.Phase == checkpoint.PrepareStarted {
-			earlier = c.Devices
-		}
-		if err := m.reserve(uid, want); err != nil {
-			m.mu.Unlock()
-			return err
-		}
-		rec = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
-		if mps != nil {
-			loc := m.cfg.MPS.Locate(string(uid))
-			rec.MPS = &loc
-		}
-		m.data.Claims[string(uid)] = rec
-		v := m.changed()
-		m.mu.Unlock()
-		// The mark must be on disk before work a restart would have to
-		// undo from the checkpoint alone. A CDI spec is not such work: a
-		// restart removes specs no checkpointed claim owns. In a rolling
-		// update the mark on disk is also what tells the other instance
-		// that the devices are taken.
-		if undoable(rec) || m.cfg.Shared != nil {
-			if err := m.persist(v); err != nil {
-				m.mu.Lock()
-				m.release(uid, want)
-				delete(m.data.Claims, string(uid))
-				m.changed()
+	var st started
+	// A record this attempt cannot take over (an unprepare that did not
+	// finish, or a started mark of other devices: the claim was allocated
+	// again) is settled first, as its unprepare would: its partitions,
+	// daemon and settings are undone from it, never dropped with it.
+	for settle := true; settle; {
+		settle = false
+		err = m.locked(ctx, func() error {
+			m.mu.Lock()
+			c, ok := m.data.Claims[string(uid)]
+			if ok && (c.Phase == checkpoint.UnprepareStarted || c.Phase == checkpoint.PrepareStarted && !sameDevices(c.Devices, want)) {
 				m.mu.Unlock()
-				return err
+				settle = true
+				return nil
+			}
+			var err error
+			st, err = m.markStarted(claim, want, mps, c, ok)
+			return err
+		})
+		if err == nil && settle {
+			klog.FromContext(ctx).Info("Finishing what an earlier prepare or unprepare of the claim left before preparing it", "claim", ref)
+			if _, err = m.unprepareHeld(ctx, uid, nil); err != nil {
+				err = fmt.Errorf("finish what an earlier prepare or unprepare of it left: %w", err)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", ref, err)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
 	}
-	if done {
+	rec := st.rec
+	if st.done {
 		klog.FromContext(ctx).V(4).Info("Claim already prepared", "claim", ref)
 		return results(rec.Devices), nil
 	}
@@ -101,7 +78,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 
 	// The slow work (MIG partitions, the MPS daemon's start) runs outside
 	// the node lock: the started mark holds the devices meanwhile.
-	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS, earlier)
+	prepared, err := m.materialize(ctx, claim, want, mps, rec.MPS, st.earlier)
 	if err != nil {
 		m.rollback(ctx, uid, rec)
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
@@ -153,6 +130,72 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	return results(prepared), nil
 }
 
+// started is where a prepare starts from: the claim's record (its started
+// mark, or its completed one if done), and the devices of the earlier
+// attempt it takes over, if any.
+type started struct {
+	rec     checkpoint.Claim
+	done    bool
+	earlier []checkpoint.Device
+}
+
+// markStarted records the claim's started mark over its record c (ok: one
+// exists), or finds it prepared; m.mu held on entry, released before it
+// returns.
+func (m *Manager) markStarted(claim *resourceapi.ResourceClaim, want []checkpoint.Device, mps *mpsPlan, c checkpoint.Claim, ok bool) (st started, err error) {
+	uid := claim.UID
+	if ok && c.Phase == checkpoint.PrepareCompleted {
+		m.mu.Unlock()
+		if !sameDevices(c.Devices, want) {
+			return st, fmt.Errorf("already prepared with devices %s, now allocated %s; unprepare it first", names(c.Devices), names(want))
+		}
+		return started{rec: c, done: true}, nil
+	}
+	// A started mark is an earlier attempt whose completed mark was
+	// not written (in this process, or by the other instance of a
+	// rolling update): what it made is still there, and this attempt
+	// takes it over.
+	if ok && c.Phase == checkpoint.PrepareStarted {
+		st.earlier = c.Devices
+	}
+	if err := m.reserve(uid, want); err != nil {
+		m.mu.Unlock()
+		return st, err
+	}
+	r := checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted, Devices: want}
+	if mps != nil {
+		loc := m.cfg.MPS.Locate(string(uid))
+		r.MPS = &loc
+	}
+	m.data.Claims[string(uid)] = r
+	st.rec = r
+	v := m.changed()
+	m.mu.Unlock()
+	// The mark must be on disk before work a restart would have to
+	// undo from the checkpoint alone. A CDI spec is not such work: a
+	// restart removes specs no checkpointed claim owns. In a rolling
+	// update the mark on disk is also what tells the other instance
+	// that the devices are taken.
+	if undoable(r) || m.cfg.Shared != nil {
+		if err := m.persist(v); err != nil {
+			// Memory goes back to what is on disk: the earlier
+			// attempt's record, if any, stays, with what it made.
+			m.mu.Lock()
+			m.release(uid, want)
+			if ok {
+				m.data.Claims[string(uid)] = c
+				m.hold(uid, c.Devices)
+			} else {
+				delete(m.data.Claims, string(uid))
+			}
+			m.changed()
+			m.mu.Unlock()
+			return st, err
+		}
+	}
+	return st, nil
+}
+
 // Unprepare releases a claim's devices. Unknown claims succeed.
 func (m *Manager) Unprepare(ctx context.Context, uid types.UID) error {
 	_, err := m.unprepare(ctx, uid, nil)
@@ -177,9 +220,14 @@ func (m *Manager) unprepare(ctx context.Context, uid types.UID, still func(check
 		return false, fmt.Errorf("claim %s: %w", uid, err)
 	}
 	defer unlock()
+	return m.unprepareHeld(ctx, uid, still)
+}
 
+// unprepareHeld is unprepare with the claim's lock held.
+func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(checkpoint.Claim) bool) (bool, error) {
 	var c checkpoint.Claim
 	var known, skip bool
+	var err error
 	err = m.locked(ctx, func() error {
 		m.mu.Lock()
 		c, known = m.data.Claims[string(uid)]
@@ -360,12 +408,18 @@ func (m *Manager) reserve(uid types.UID, devs []checkpoint.Device) error {
 			}
 		}
 	}
+	m.hold(uid, devs)
+	return nil
+}
+
+// hold records uid as the exclusive holder of its devices that no other
+// claim may use at once; m.mu held.
+func (m *Manager) hold(uid types.UID, devs []checkpoint.Device) {
 	for _, d := range devs {
 		if !d.AdminAccess && d.ShareID == "" {
 			m.owners[d.Device] = uid
 		}
 	}
-	return nil
 }
 
 // overlapsHeld says whether want uses hardware of device held (prepared for
@@ -553,7 +607,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, earlier *checkpoint.MIGPartition, record func() error) (cdi.Device, string, error) {
 	g := inv.GPU
 	parent := m.cfg.DevNodes.GPU(g.Minor)
-	envKey := deviceEnv(d.Device) + "_UUID"
+	envKey := uuidEnv(d.Device)
 	switch inv.Kind {
 	case inventory.Whole:
 		if inv.Counters != "" && g.MIGSwitchable && !d.AdminAccess {
@@ -590,7 +644,7 @@ func (m *Manager) containerDevice(inv inventory.Device, d *checkpoint.Device, ea
 func (m *Manager) observePartition(inv inventory.Device, d *checkpoint.Device) (cdi.Device, string, error) {
 	g := inv.GPU
 	parent := m.cfg.DevNodes.GPU(g.Minor)
-	envKey := deviceEnv(d.Device) + "_UUID"
+	envKey := uuidEnv(d.Device)
 	if m.cfg.MIG == nil {
 		return cdi.Device{}, "", fmt.Errorf("MIG partitions are not managed on this node")
 	}
@@ -651,6 +705,10 @@ func claimRef(namespace, name string) string { return namespace + "/" + name }
 func deviceEnv(device string) string {
 	return "TESSERA_" + strings.ToUpper(strings.ReplaceAll(device, "-", "_"))
 }
+
+// uuidEnv names the variable holding a device's UUID (a MIG device's for a
+// partition): TESSERA_GPU_0_MIG_1G10GB_6_UUID.
+func uuidEnv(device string) string { return deviceEnv(device) + "_UUID" }
 
 // memoryEnv names the variable holding a shared device's memory limit in
 // MiB: TESSERA_GPU_0_MEMORY_LIMIT_MIB.

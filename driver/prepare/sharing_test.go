@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -399,4 +400,66 @@ func (e *env) rewindToStarted(c *resourceapi.ResourceClaim) checkpoint.Claim {
 		e.t.Fatal(err)
 	}
 	return rec
+}
+
+// stopFailingMPS is fakeMPS whose Stop fails while failing is set, as when
+// the API server does not answer the daemon pod's deletion.
+type stopFailingMPS struct {
+	*fakeMPS
+	failing atomic.Bool
+}
+
+func (f *stopFailingMPS) Stop(ctx context.Context, d checkpoint.MPSDaemon) error {
+	if f.failing.Load() {
+		return fmt.Errorf("delete pod %s: the server is currently unable to handle the request", d.Pod)
+	}
+	return f.fakeMPS.Stop(ctx, d)
+}
+
+// TestAPrepareAfterAnUnfinishedUnprepareFinishesItFirst: an unprepare that
+// failed at its daemon's stop leaves the claim UnprepareStarted, its
+// partition in place; a prepare of the claim (a new pod of a shared claim)
+// finishes that unprepare first, then prepares afresh, instead of
+// overwriting the record and leaving the partition without one.
+func TestAPrepareAfterAnUnfinishedUnprepareFinishesItFirst(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "dgx-h100")
+	mps := &stopFailingMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}}
+	e.mps = mps
+	m := e.start()
+	c := withConfig(claim("shared", "gpu-2-mig-1g10gb-6"), driverName, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`)
+	if _, err := m.Prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	mps.failing.Store(true)
+	if err := m.Unprepare(ctx, c.UID); err == nil {
+		t.Fatal("the unprepare succeeded although the daemon could not be stopped")
+	}
+	if got := m.PreparedClaims()[c.UID]; got.Phase != checkpoint.UnprepareStarted {
+		t.Fatalf("after the failed unprepare the claim is %+v, want UnprepareStarted", got)
+	}
+	mps.failing.Store(false)
+	devs, err := m.Prepare(ctx, c)
+	if err != nil {
+		t.Fatalf("the prepare after the unfinished unprepare: %v", err)
+	}
+	if got := m.PreparedClaims()[c.UID]; got.Phase != checkpoint.PrepareCompleted || got.Devices[0].MIG == nil || got.Devices[0].MIG.UUID == "" {
+		t.Errorf("the claim is recorded %+v, want prepared with its partition's UUID", got)
+	}
+	if n := e.node.GPUInstances(2); n != 1 {
+		t.Errorf("GPU 2 has %d MIG instances, want the claim's one", n)
+	}
+	if r := mps.Running(); !slices.Equal(r, []string{"tessera-mps-uid-shared"}) {
+		t.Errorf("daemons running %v, want the claim's one", r)
+	}
+	containerEnv(t, e.cdiDir, devs) // the spec resolves
+	if err := m.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(2); n != 0 {
+		t.Errorf("GPU 2 has %d MIG instances after the unprepare, want none", n)
+	}
+	if r := mps.Running(); len(r) != 0 {
+		t.Errorf("daemons left running: %v", r)
+	}
 }

@@ -18,7 +18,17 @@
 //     rolling update, or after a restart's rollback) takes every step again,
 //     each idempotent: settings applied stay, the partition the earlier
 //     attempt made at the recorded placement is adopted, the MPS daemon is
-//     found running, the CDI spec is rewritten.
+//     found running, the CDI spec is rewritten. A record a prepare cannot
+//     take over (an unprepare that did not finish, or a started mark of
+//     other devices: the claim was allocated again) is never overwritten:
+//     the prepare first finishes it as an unprepare would, undoing what it
+//     records. A started mark that fails to be written leaves the earlier
+//     record as it was, in memory as on disk. The completed mark is written
+//     only over the attempt's own started mark: one the other instance of a
+//     rolling update settled meanwhile (an earlier release's start rolls
+//     back every started claim; a rebuild from the specs knows no claim
+//     whose spec is not written yet) fails the prepare, and what it made is
+//     undone unless another attempt's record holds it.
 //   - A device belongs to at most one claim (admin-access results excepted,
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
@@ -56,8 +66,11 @@
 //     Each spec carries its claim's checkpoint record and the originals of
 //     the GPU settings the claim needs (rebuild.go), so the rebuilt file
 //     holds every field the lost one held for those claims. A spec of an
-//     earlier release is rebuilt from what it shows; what it cannot tell
-//     is left as it is on the node, never undone.
+//     earlier release is rebuilt from what it shows (a partition with the
+//     UUID it gave the container); what it cannot tell is left as it is on
+//     the node, never undone: a device several claims' specs name may be
+//     an admin-access observer's, so those without a record are rebuilt
+//     as observing it.
 //   - What is published and prepared is derived from NVML at start; nothing
 //     about devices is trusted from the checkpoint except which claim holds
 //     which device and where its MIG partition sits.

@@ -181,3 +181,88 @@ func TestARetryReplacesAPartitionLeftWithoutItsComputeInstance(t *testing.T) {
 	}
 	assertUnprepared(t, e, other, c)
 }
+
+// TestAFailedStartedMarkOnARetryKeepsTheEarlierAttemptsRecord: a prepare
+// whose completed mark failed leaves its started record, with the partition
+// it made; the retry's own started mark failing too must leave that record
+// as it is, in memory as on disk, or the partition would be recorded
+// nowhere: every later attempt would find its placement occupied, and no
+// unprepare would destroy it.
+func TestAFailedStartedMarkOnARetryKeepsTheEarlierAttemptsRecord(t *testing.T) {
+	e := newCrashEnv(t)
+	ctx := context.Background()
+	c := crashClaim("crash", part, "")
+	// Writes: the started mark, the partition's UUID, the completed mark.
+	m, heal := e.startFailingWrite(3)
+	if _, err := m.Prepare(ctx, c); err == nil {
+		t.Fatal("the prepare succeeded with its completed mark failing")
+	}
+	heal()
+	made := instances(t, e)
+	if len(made) != 1 {
+		t.Fatalf("the failed attempt left %d partitions, want its one", len(made))
+	}
+
+	gone := e.dataDir + ".gone"
+	if err := os.Rename(e.dataDir, gone); err != nil {
+		t.Fatal(err)
+	}
+	_, err := m.Prepare(ctx, c)
+	if err := os.Rename(gone, e.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if err == nil {
+		t.Fatal("the retry succeeded with its started mark failing")
+	}
+
+	devs, err := m.Prepare(ctx, c)
+	if err != nil {
+		t.Fatalf("the next retry: %v", err)
+	}
+	if diff := cmp.Diff(made, instances(t, e)); diff != "" {
+		t.Errorf("the first attempt's partition was not adopted (-made +now):\n%s", diff)
+	}
+	ids := assertPrepared(t, e, m, c, partition)
+	if len(devs) != 1 || !slices.Equal(devs[0].CDIDeviceIDs, ids) {
+		t.Errorf("the retry returned %+v, want the recorded CDI IDs %v", devs, ids)
+	}
+	if err := m.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	assertUnprepared(t, e, m, c)
+}
+
+// TestAPrepareOfAClaimAllocatedAgainUndoesTheEarlierAttempt: an attempt
+// whose completed mark failed leaves its started record and partition; the
+// claim is then allocated other devices (a gang rolled back and placed
+// again). Its prepare destroys the earlier attempt's partition, from that
+// record, before preparing the new device, instead of dropping the record
+// and leaving the partition behind.
+func TestAPrepareOfAClaimAllocatedAgainUndoesTheEarlierAttempt(t *testing.T) {
+	e := newCrashEnv(t)
+	ctx := context.Background()
+	m, heal := e.startFailingWrite(3)
+	if _, err := m.Prepare(ctx, crashClaim("crash", part, "")); err == nil {
+		t.Fatal("the prepare succeeded with its completed mark failing")
+	}
+	heal()
+	if n := e.node.GPUInstances(0); n != 1 {
+		t.Fatalf("the failed attempt left %d partitions on GPU 0, want its one", n)
+	}
+	again := crashClaim("crash", "gpu-1-mig-1g10gb-6", "")
+	if _, err := m.Prepare(ctx, again); err != nil {
+		t.Fatalf("the prepare of the claim allocated again: %v", err)
+	}
+	if n := e.node.GPUInstances(0); n != 0 {
+		t.Errorf("GPU 0 keeps %d partitions of the earlier attempt, want none", n)
+	}
+	if n := e.node.GPUInstances(1); n != 1 {
+		t.Errorf("GPU 1 has %d partitions, want the claim's one", n)
+	}
+	if err := m.Unprepare(ctx, again.UID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(1); n != 0 {
+		t.Errorf("GPU 1 keeps %d partitions after the unprepare", n)
+	}
+}
