@@ -39,6 +39,7 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 		logger.Error(err, "Some CDI specs could not be read while rebuilding the checkpoint; they are left out")
 	}
 	data := checkpoint.Data{BootID: m.cfg.BootID, Claims: map[string]checkpoint.Claim{}}
+	var shown []string // claims rebuilt from what their spec shows
 	for _, s := range specs {
 		if s.BootID != "" && s.BootID != m.cfg.BootID {
 			logger.Info("Leaving out a CDI spec of an earlier boot", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID, "specBootID", s.BootID)
@@ -50,6 +51,7 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 				logger.Error(err, "Rebuilding a claim from its CDI spec alone", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID)
 			}
 			r = checkpoint.ClaimRecord{Claim: m.claimFromSpec(s)}
+			shown = append(shown, s.ClaimUID)
 		}
 		data.Claims[s.ClaimUID] = r.Claim
 		for gpu, o := range r.GPUs {
@@ -68,8 +70,40 @@ func (m *Manager) rebuildFromCDI(ctx context.Context) (checkpoint.Data, error) {
 			data.GPUs[gpu] = have
 		}
 	}
+	observeAmbiguous(ctx, data, shown)
 	m.recordDomainSpecs(ctx, &data)
 	return data, nil
+}
+
+// observeAmbiguous rebuilds as observers (admin access: holding nothing,
+// destroying nothing) the devices of claims rebuilt from their spec alone
+// (shown) that another rebuilt claim names too. Such a spec cannot say
+// whether its claim owned the device or observed it with admin access: an
+// owner's and an observer's spec of one partition look alike. Rebuilt as
+// owner, an observer's unprepare would destroy the partition the other
+// claim's pods use. The partition is left as it is on the node.
+func observeAmbiguous(ctx context.Context, data checkpoint.Data, shown []string) {
+	named := map[string]int{}
+	for _, c := range data.Claims {
+		seen := map[string]bool{} // one device may serve several requests
+		for _, d := range c.Devices {
+			if d.AdminAccess || d.ShareID != "" || seen[d.Device] {
+				continue
+			}
+			seen[d.Device] = true
+			named[d.Device]++
+		}
+	}
+	for _, uid := range shown {
+		c := data.Claims[uid]
+		for i, d := range c.Devices {
+			if named[d.Device] < 2 {
+				continue
+			}
+			klog.FromContext(ctx).Info("A device named by several claims' specs is rebuilt as observed by this one: its spec cannot tell an owner from an admin-access observer, and what it holds is left as it is", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "device", d.Device)
+			c.Devices[i].AdminAccess, c.Devices[i].MIG = true, nil
+		}
+	}
 }
 
 // claimFromRecord reads the claim record a spec carries, checking that it
@@ -117,9 +151,15 @@ func (m *Manager) claimFromSpec(s cdi.ClaimSpec) checkpoint.Claim {
 			Device:       d.Name,
 			CDIDeviceIDs: []string{cdi.DeviceID(s.ClaimUID, d.Name)},
 		}
-		// Keep the partition's record, or it would be taken for an orphan.
+		// Keep the partition's record, or it would be taken for an orphan,
+		// with the UUID the spec gave the container: the partition's
+		// identity, which every destroy matches (observeAmbiguous drops
+		// the record where the spec may be an observer's).
 		if inv, ok := m.inventory().Lookup(d.Name); ok {
 			dev.MIG = migRecord(inv)
+			if dev.MIG != nil {
+				dev.MIG.UUID = envValue(d.Env, uuidEnv(d.Name))
+			}
 		}
 		c.Devices = append(c.Devices, dev)
 	}
@@ -163,4 +203,14 @@ func (m *Manager) specRecord(claim *resourceapi.ResourceClaim, devs []checkpoint
 	}
 	m.mu.Unlock()
 	return checkpoint.EncodeClaimRecord(r)
+}
+
+// envValue is the value of key in env (KEY=VALUE entries), or "".
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
 }

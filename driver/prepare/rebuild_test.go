@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/discovery"
@@ -165,5 +166,71 @@ func dropRecord(t *testing.T, path string) {
 	}
 	if err := os.WriteFile(path, raw, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestASpecWithoutARecordRebuildsItsPartitionByItsUUID: a partition claim
+// whose spec carries no record (an earlier release's) is rebuilt with the
+// partition's UUID the spec gave the container, so its unprepare destroys
+// that partition rather than leave it behind.
+func TestASpecWithoutARecordRebuildsItsPartitionByItsUUID(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	c := claim("old", part)
+	if _, err := e.start().Prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	store, err := cdi.NewStore(e.cdiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropRecord(t, store.Path(string(c.UID)))
+	writeJunk(t, e.dataDir)
+
+	m := e.start()
+	if err := m.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(0); n != 0 {
+		t.Errorf("GPU 0 keeps %d partitions after the rebuilt claim's unprepare, want none", n)
+	}
+}
+
+// TestSpecsWithoutARecordNamingOneDeviceRebuildNoOwner: an owner's and an
+// admin-access observer's spec of one partition, both of an earlier release
+// (no record), look alike; rebuilt, neither holds the partition nor
+// destroys it, whichever is unprepared first.
+func TestSpecsWithoutARecordNamingOneDeviceRebuildNoOwner(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	ctx := context.Background()
+	m := e.start()
+	if _, err := m.Prepare(ctx, claim("holder", part)); err != nil {
+		t.Fatal(err)
+	}
+	monitor := claim("monitor", part)
+	monitor.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
+	if _, err := m.Prepare(ctx, monitor); err != nil {
+		t.Fatal(err)
+	}
+	store, err := cdi.NewStore(e.cdiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range []string{"uid-holder", "uid-monitor"} {
+		dropRecord(t, store.Path(uid))
+	}
+	writeJunk(t, e.dataDir)
+
+	m = e.start()
+	for uid, c := range m.PreparedClaims() {
+		if d := c.Devices[0]; !d.AdminAccess || d.MIG != nil {
+			t.Errorf("claim %s rebuilt holding %s (admin access %v, MIG record %+v), want it observed", uid, d.Device, d.AdminAccess, d.MIG)
+		}
+	}
+	if err := m.Unprepare(ctx, monitor.UID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node.GPUInstances(0); n != 1 {
+		t.Errorf("GPU 0 has %d partitions after the observer's unprepare, want the holder's", n)
 	}
 }
