@@ -94,13 +94,18 @@ var unprepareCrashes = []struct {
 	// unfinished: the claim is still in the checkpoint, so the restart
 	// finishes its unprepare.
 	unfinished bool
+	// specLeft: the kinds whose spec outlives their record (a claim with
+	// nothing to undo but its spec leaves the checkpoint first), which the
+	// restart removes as an orphan.
+	specLeft kind
 }{
-	{"after-unprepare-started", everyKind, true},
-	{"after-cdi-remove", everyKind, true},
-	{"after-mps-stop", mps, true},
-	{"after-mig-destroy", partition, true},
-	{"after-gpu-setting-restore", powerCapped | mps, true},
-	{"after-unprepare-completed", everyKind, false},
+	// A whole-GPU claim has nothing to undo but its spec: no started mark.
+	{"after-unprepare-started", everyKind &^ wholeGPU, true, 0},
+	{"after-cdi-remove", everyKind &^ wholeGPU, true, 0},
+	{"after-mps-stop", mps, true, 0},
+	{"after-mig-destroy", partition, true, 0},
+	{"after-gpu-setting-restore", powerCapped | mps, true, 0},
+	{"after-unprepare-completed", everyKind, false, wholeGPU},
 }
 
 // reloadCrashes are tried on a rolling update's reload of a corrupted
@@ -211,9 +216,12 @@ func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 					prepare.DisarmFailpoints()
 
 					m, logs := restart(t, e)
-					if reached && tc.unfinished {
+					switch {
+					case reached && tc.unfinished:
 						assertRestartSettled(t, logs, finishLog)
-					} else {
+					case reached && tc.specLeft&k.kind != 0:
+						assertRestartRemovedOnlyTheSpec(t, logs, true)
+					default:
 						assertRestartSettledNothing(t, logs)
 					}
 					assertUnprepared(t, e, m, c)

@@ -226,7 +226,7 @@ func (m *Manager) unprepare(ctx context.Context, uid types.UID, still func(check
 // unprepareHeld is unprepare with the claim's lock held.
 func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(checkpoint.Claim) bool) (bool, error) {
 	var c checkpoint.Claim
-	var known, skip bool
+	var known, skip, gone bool
 	var err error
 	err = m.locked(ctx, func() error {
 		m.mu.Lock()
@@ -235,6 +235,17 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 			m.mu.Unlock()
 			skip = true
 			return nil
+		}
+		if !undoable(c) && c.Phase != checkpoint.UnprepareStarted {
+			// Nothing to undo but the CDI spec, which a restart removes
+			// once no claim owns it: the record goes at once, in the one
+			// checkpoint write the unprepare needs, and the spec after.
+			m.release(uid, c.Devices)
+			delete(m.data.Claims, string(uid))
+			v := m.changed()
+			m.mu.Unlock()
+			gone = true
+			return m.persist(v)
 		}
 		c.Phase = checkpoint.UnprepareStarted
 		m.data.Claims[string(uid)] = c
@@ -252,6 +263,13 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 	case skip:
 		// Nothing recorded; a spec could still be left by a lost checkpoint.
 		return true, m.removeSpecs(string(uid))
+	case gone:
+		failpoint(fpUnprepareCompleted)
+		if err := m.removeSpecs(string(uid)); err != nil {
+			return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+		}
+		klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
+		return true, nil
 	}
 	failpoint(fpUnprepareStarted)
 

@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -322,5 +324,44 @@ func TestRacingClaimsForOneGPUHaveOneWinner(t *testing.T) {
 	wg.Wait()
 	if wins != 1 {
 		t.Fatalf("%d claims prepared gpu-7, want exactly 1", wins)
+	}
+}
+
+// TestAnUnprepareWritesTheCheckpointOnlyAsOftenAsItMustUndo: the unprepare
+// of a claim whose prepare only wrote a CDI spec (a whole GPU, no setting or
+// daemon) writes the checkpoint once, its record's removal, as its prepare
+// does; one with a MIG partition to destroy first marks its start, so that a
+// crash mid-way is finished from the record (twice).
+func TestAnUnprepareWritesTheCheckpointOnlyAsOftenAsItMustUndo(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "dgx-h100")
+	cfg := e.config()
+	var writes atomic.Int32
+	cfg.Checkpoint.OnWrite = func(time.Duration) { writes.Add(1) }
+	m, err := prepare.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		device string
+		want   int32
+	}{{"gpu-1", 1}, {part, 2}} {
+		c := claim("c-"+tc.device, tc.device)
+		if _, err := m.Prepare(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		writes.Store(0)
+		if err := m.Unprepare(ctx, c.UID); err != nil {
+			t.Fatal(err)
+		}
+		if n := writes.Load(); n != tc.want {
+			t.Errorf("unprepare of %s wrote the checkpoint %d times, want %d", tc.device, n, tc.want)
+		}
+		if f := specFiles(t, e.cdiDir); len(f) != 0 {
+			t.Errorf("specs left after unprepare of %s: %v", tc.device, f)
+		}
+		if got := e.start().PreparedClaims(); len(got) != 0 {
+			t.Errorf("a restart after unprepare of %s finds %v", tc.device, got)
+		}
 	}
 }

@@ -7,7 +7,10 @@
 //     -> gone, and each move is checkpointed before the work it announces.
 //     The one exception: the PrepareStarted mark of a claim whose prepare
 //     only writes a CDI spec (no MIG partition, GPU setting or MPS daemon)
-//     is not waited for, as a restart removes specs no claim owns.
+//     is not waited for, as a restart removes specs no claim owns; nor is
+//     the UnprepareStarted mark of such a claim: its record leaves the
+//     checkpoint at once and its spec after (one checkpoint write), and a
+//     crash in between leaves a spec no claim owns.
 //     After a crash, PrepareStarted claims are rolled back (their CDI spec
 //     removed, their devices released) and the kubelet's retry prepares them
 //     afresh; UnprepareStarted claims are finished.
