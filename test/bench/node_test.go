@@ -37,9 +37,11 @@ type benchNode struct {
 
 // startNode starts the plugin for a fake node of the given profile, with the
 // client rate limits given (the plugin's flags --kube-api-qps and
-// --kube-api-burst), and registers it with the simulated kubelet. It is
-// stopped when the benchmark ends.
-func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float32, burst int) *benchNode {
+// --kube-api-burst), and registers it with the simulated kubelet. rolling
+// starts it as the chart does, with its pod's UID (--pod-uid), which turns
+// on the rolling-update mode: the state shared through the checkpoint on
+// disk and the node's file locks. It is stopped when the benchmark ends.
+func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float32, burst int, rolling bool) *benchNode {
 	b.Helper()
 	ctx := benchContext(b)
 	if err := createNode(ctx, c, name); err != nil {
@@ -63,6 +65,9 @@ func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float
 		KubeAPIQPS:    qps,
 		KubeAPIBurst:  burst,
 	}}
+	if rolling {
+		n.opts.PodUID = "bench-pod-" + name
+	}
 	if err := n.opts.Validate(); err != nil {
 		b.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/test/cluster"
 	"github.com/tessera-dev/tessera/test/kubeletsim"
 )
 
@@ -31,19 +32,24 @@ const (
 // BenchmarkPrepare measures what a pod start and end cost the kubelet: a
 // prepare and an unprepare of a one-GPU claim (gpu-0 of a DGX H100) over the
 // plugin's real gRPC socket, the plugin fetching the claim from the real API
-// server with its default rate limits. In the same run, interleaved, it
-// measures the floor: what any crash-safe driver must do for that claim, done
-// alone and in sequence — one GET of the claim (own client, same limits), one
-// checkpoint write and one CDI spec write of the very content the plugin
-// wrote for it. Cycles are paced at 40 per second, under the default 50 qps,
-// as a kubelet starting pods would be; only the calls are timed.
+// server with its default rate limits. Two plugins serve two nodes side by
+// side: one as a host process runs it, one as the chart runs it (--pod-uid
+// set: the rolling-update mode, its state shared through the checkpoint on
+// disk and file locks). In the same run, interleaved, it measures the floor:
+// what any crash-safe driver must do for that claim, done alone and in
+// sequence — one GET of the claim (own client, same limits), one checkpoint
+// write and one CDI spec write of the very content the plugin wrote for it.
+// Cycles are paced at 40 per second per node, under the default 50 qps, as a
+// kubelet starting pods would be; only the calls are timed.
 //
-// Reported: p50 and p99 of prepare+unprepare (ms/p50, ms/p99), the floor's
-// p50 (ms/floor-p50) and their ratio (x/floor).
+// Reported: p50 and p99 of prepare+unprepare (ms/p50, ms/p99; -rolling for
+// the chart's mode), the floor's p50 (ms/floor-p50) and their ratios
+// (x/floor, x/floor-rolling).
 func BenchmarkPrepare(b *testing.B) {
 	c := controlPlane(b)
 	ns := unique("bench-latency")
-	n := startNode(b, c, ns, "dgx-h100", defaultQPS, defaultBurst)
+	n := startNode(b, c, ns, "dgx-h100", defaultQPS, defaultBurst, false)
+	r := startNode(b, c, ns+"-r", "dgx-h100", defaultQPS, defaultBurst, true)
 	ctx := benchContext(b)
 	if err := c.CreateNamespace(ctx, ns); err != nil {
 		b.Fatal(err)
@@ -52,10 +58,14 @@ func BenchmarkPrepare(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	rclaim, err := r.claim(ctx, c, ns, "one-gpu-rolling", "gpu-0")
+	if err != nil {
+		b.Fatal(err)
+	}
 	floor := newFloor(b, n, claim)
 
 	const cycles, pace = 200, 25 * time.Millisecond
-	var full, base []time.Duration
+	var full, rolling, base []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		for range cycles {
@@ -68,17 +78,26 @@ func BenchmarkPrepare(b *testing.B) {
 			if err := n.cycle(ctx, claim); err != nil {
 				b.Fatal(err)
 			}
+			plain := time.Now()
+			if err := r.cycle(ctx, rclaim); err != nil {
+				b.Fatal(err)
+			}
 			base = append(base, mid.Sub(began))
-			full = append(full, time.Since(mid))
+			full = append(full, plain.Sub(mid))
+			rolling = append(rolling, time.Since(plain))
 			time.Sleep(time.Until(next))
 		}
 	}
 	b.StopTimer()
 	p50, p99, f50 := percentile(full, 50), percentile(full, 99), percentile(base, 50)
+	r50, r99 := percentile(rolling, 50), percentile(rolling, 99)
 	b.ReportMetric(ms(p50), "ms/p50")
 	b.ReportMetric(ms(p99), "ms/p99")
+	b.ReportMetric(ms(r50), "ms/p50-rolling")
+	b.ReportMetric(ms(r99), "ms/p99-rolling")
 	b.ReportMetric(ms(f50), "ms/floor-p50")
 	b.ReportMetric(float64(p50)/float64(f50), "x/floor")
+	b.ReportMetric(float64(r50)/float64(f50), "x/floor-rolling")
 }
 
 // floor is the least a crash-safe prepare of one claim does: read the claim,
@@ -159,106 +178,163 @@ func (f *floor) run(ctx context.Context) error {
 // second over the real socket and API server by 1 caller and then by 16
 // concurrent callers, in the same run, each caller with its own claims on
 // its own hardware of a DGX H100 (whole GPUs 0-3 and 1g.10gb partitions of
-// GPUs 4-7): independent claims should never wait for each other. The
-// plugin's client limits are raised (1000 qps) so that the figure is the
+// GPUs 4-7): independent claims should never wait for each other. It does
+// so on two nodes in turn, in each iteration: one whose plugin runs as a
+// host process, one whose plugin runs as the chart runs it (--pod-uid set:
+// the rolling-update mode), whose figures carry the suffix -rolling. The
+// plugins' client limits are raised (1000 qps) so that the figure is the
 // plugin's own concurrency, not the token bucket: with the defaults a node
 // sustains 50 prepares per second (--kube-api-qps).
 //
-// Reported: claims/s-c1, claims/s-c16 and speedup (their ratio), the share
+// Reported, per mode: claims/s-c1, claims/s-c16 and speedup (their ratio),
+// and checkpoint writes per claim; for the host-process mode also the share
 // of the machine's CPUs busy in each phase (cpu-busy-c1, cpu-busy-c16), CPU
-// time per claim at 16 callers, and checkpoint writes per claim and the
-// share of the time spent writing the checkpoint in each phase.
+// time per claim at 16 callers, and the share of the time spent writing the
+// checkpoint in each phase.
 func BenchmarkPrepareThroughput(b *testing.B) {
 	c := controlPlane(b)
 	ns := unique("bench-throughput")
-	n := startNode(b, c, ns, "dgx-h100", 1000, 1000)
 	ctx := benchContext(b)
 	if err := c.CreateNamespace(ctx, ns); err != nil {
 		b.Fatal(err)
 	}
+	plain := newThroughputNode(b, c, ns, "", false)
+	rolling := newThroughputNode(b, c, ns, "-r", true)
+	plain.run(b, len(plain.claims)) // warm up: first MIG creations, connections
+	rolling.run(b, len(rolling.claims))
+	var p, r throughput
+	b.ResetTimer()
+	for range b.N {
+		p.add(plain.measure(b))
+		r.add(rolling.measure(b))
+	}
+	b.StopTimer()
+	N := float64(b.N)
+	b.ReportMetric(p.c1/N, "claims/s-c1")
+	b.ReportMetric(p.c16/N, "claims/s-c16")
+	b.ReportMetric(p.c16/p.c1, "speedup")
+	b.ReportMetric(r.c1/N, "claims/s-c1-rolling")
+	b.ReportMetric(r.c16/N, "claims/s-c16-rolling")
+	b.ReportMetric(r.c16/r.c1, "speedup-rolling")
+	// The whole machine's CPUs (plugin, API server, etcd, this caller) are
+	// the other limit: near 1 at 16 callers, more callers cannot help.
+	b.ReportMetric(p.busy1/N, "cpu-busy-c1")
+	b.ReportMetric(p.busy16/N, "cpu-busy-c16")
+	// What one claim's prepare and unprepare cost in CPU time at 16
+	// callers: the whole machine's (plugin, API server, etcd, caller) and
+	// this process's (the plugin and the simulated kubelet). Steadier than
+	// claims/s on a shared machine, and what bounds c16 where CPUs are few.
+	b.ReportMetric(p.cpu16/N, "cpu-ms/claim-c16")
+	b.ReportMetric(p.own16/N, "plugin-cpu-ms/claim-c16")
+	// Checkpoint writes (each with its fsync) per claim prepared and
+	// unprepared: what the group commit saves when callers overlap.
+	b.ReportMetric(p.writes1/N, "checkpoint-writes/claim-c1")
+	b.ReportMetric(p.writes16/N, "checkpoint-writes/claim-c16")
+	b.ReportMetric(r.writes1/N, "checkpoint-writes/claim-c1-rolling")
+	b.ReportMetric(r.writes16/N, "checkpoint-writes/claim-c16-rolling")
+	// The share of the phase the checkpoint writer spent writing: writes
+	// are one at a time (one file), so near 1 the writer is the limit and
+	// claims queue on each other's fsyncs, however many CPUs there are.
+	b.ReportMetric(p.writer1/N, "checkpoint-busy-c1")
+	b.ReportMetric(p.writer16/N, "checkpoint-busy-c16")
+}
+
+// throughputNode is one node of BenchmarkPrepareThroughput with its claims.
+type throughputNode struct {
+	n      *benchNode
+	claims []kubeletsim.Claim
+}
+
+func newThroughputNode(b *testing.B, c *cluster.Cluster, ns, suffix string, rolling bool) *throughputNode {
+	b.Helper()
+	ctx := benchContext(b)
+	n := startNode(b, c, ns+suffix, "dgx-h100", 1000, 1000, rolling)
 	devices := []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
 	for g := 4; g < 8; g++ {
 		for p := range 3 {
 			devices = append(devices, fmt.Sprintf("gpu-%d-mig-1g10gb-%d", g, p))
 		}
 	}
-	claims := make([]kubeletsim.Claim, len(devices))
+	t := &throughputNode{n: n, claims: make([]kubeletsim.Claim, len(devices))}
 	for i, d := range devices {
 		var err error
-		if claims[i], err = n.claim(ctx, c, ns, fmt.Sprintf("caller-%d", i), d); err != nil {
+		if t.claims[i], err = n.claim(ctx, c, ns, fmt.Sprintf("caller%s-%d", suffix, i), d); err != nil {
 			b.Fatal(err)
 		}
 	}
-	// Rounds per caller: each caller cycles its own claim this often.
-	const rounds = 4
-	run := func(callers int) float64 {
-		var wg sync.WaitGroup
-		errs := make([]error, callers)
-		began := time.Now()
-		for w := range callers {
-			wg.Go(func() {
-				// One caller alone takes every claim in turn: the same work.
-				for r := range rounds * len(claims) / callers {
-					if err := n.cycle(ctx, claims[(w+r*callers)%len(claims)]); err != nil {
-						errs[w] = err
-						return
-					}
+	return t
+}
+
+// rounds is how often each caller cycles its own claim in a phase.
+const rounds = 4
+
+// run cycles the node's claims with callers concurrent callers and returns
+// the claims prepared and unprepared per second.
+func (t *throughputNode) run(b *testing.B, callers int) float64 {
+	b.Helper()
+	ctx := benchContext(b)
+	var wg sync.WaitGroup
+	errs := make([]error, callers)
+	began := time.Now()
+	for w := range callers {
+		wg.Go(func() {
+			// One caller alone takes every claim in turn: the same work.
+			for r := range rounds * len(t.claims) / callers {
+				if err := t.n.cycle(ctx, t.claims[(w+r*callers)%len(t.claims)]); err != nil {
+					errs[w] = err
+					return
 				}
-			})
-		}
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				b.Fatal(err)
 			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
 		}
-		return float64(rounds*len(claims)) / time.Since(began).Seconds()
 	}
-	run(len(claims)) // warm up: first MIG creations, connections
-	var c1, c16, busy1, busy16, cpu16, own16, writes1, writes16, writer1, writer16 float64
-	b.ResetTimer()
-	for range b.N {
-		before, beforeWrites := readCPU(b), n.checkpointWrites(b)
-		rate1 := run(1)
-		mid, midOwn, midWrites := readCPU(b), ownCPU(b), n.checkpointWrites(b)
-		rate16 := run(len(claims))
-		end, endOwn, endWrites := readCPU(b), ownCPU(b), n.checkpointWrites(b)
-		c1 += rate1
-		c16 += rate16
-		cycles := float64(rounds * len(claims))
-		writes1 += (midWrites.n - beforeWrites.n) / cycles
-		writes16 += (endWrites.n - midWrites.n) / cycles
+	return float64(rounds*len(t.claims)) / time.Since(began).Seconds()
+}
+
+// throughput is what one iteration measured on one node (and their sums).
+type throughput struct {
+	c1, c16, busy1, busy16, cpu16, own16, writes1, writes16, writer1, writer16 float64
+}
+
+func (t *throughput) add(o throughput) {
+	t.c1 += o.c1
+	t.c16 += o.c16
+	t.busy1 += o.busy1
+	t.busy16 += o.busy16
+	t.cpu16 += o.cpu16
+	t.own16 += o.own16
+	t.writes1 += o.writes1
+	t.writes16 += o.writes16
+	t.writer1 += o.writer1
+	t.writer16 += o.writer16
+}
+
+// measure runs the one-caller phase, then the all-callers one.
+func (t *throughputNode) measure(b *testing.B) throughput {
+	b.Helper()
+	before, beforeWrites := readCPU(b), t.n.checkpointWrites(b)
+	rate1 := t.run(b, 1)
+	mid, midOwn, midWrites := readCPU(b), ownCPU(b), t.n.checkpointWrites(b)
+	rate16 := t.run(b, len(t.claims))
+	end, endOwn, endWrites := readCPU(b), ownCPU(b), t.n.checkpointWrites(b)
+	cycles := float64(rounds * len(t.claims))
+	return throughput{
+		c1: rate1, c16: rate16,
+		writes1:  (midWrites.n - beforeWrites.n) / cycles,
+		writes16: (endWrites.n - midWrites.n) / cycles,
 		// Writing time over the phase's wall time (cycles/rate).
-		writer1 += (midWrites.seconds - beforeWrites.seconds) * rate1 / cycles
-		writer16 += (endWrites.seconds - midWrites.seconds) * rate16 / cycles
-		busy1 += mid.busySince(before)
-		busy16 += end.busySince(mid)
-		cpu16 += end.busyMsSince(mid) / float64(rounds*len(claims))
-		own16 += float64(endOwn-midOwn) / float64(time.Millisecond) / float64(rounds*len(claims))
+		writer1:  (midWrites.seconds - beforeWrites.seconds) * rate1 / cycles,
+		writer16: (endWrites.seconds - midWrites.seconds) * rate16 / cycles,
+		busy1:    mid.busySince(before),
+		busy16:   end.busySince(mid),
+		cpu16:    end.busyMsSince(mid) / cycles,
+		own16:    float64(endOwn-midOwn) / float64(time.Millisecond) / cycles,
 	}
-	b.StopTimer()
-	b.ReportMetric(c1/float64(b.N), "claims/s-c1")
-	b.ReportMetric(c16/float64(b.N), "claims/s-c16")
-	b.ReportMetric(c16/c1, "speedup")
-	// The whole machine's CPUs (plugin, API server, etcd, this caller) are
-	// the other limit: near 1 at 16 callers, more callers cannot help.
-	b.ReportMetric(busy1/float64(b.N), "cpu-busy-c1")
-	b.ReportMetric(busy16/float64(b.N), "cpu-busy-c16")
-	// What one claim's prepare and unprepare cost in CPU time at 16
-	// callers: the whole machine's (plugin, API server, etcd, caller) and
-	// this process's (the plugin and the simulated kubelet). Steadier than
-	// claims/s on a shared machine, and what bounds c16 where CPUs are few.
-	b.ReportMetric(cpu16/float64(b.N), "cpu-ms/claim-c16")
-	b.ReportMetric(own16/float64(b.N), "plugin-cpu-ms/claim-c16")
-	// Checkpoint writes (each with its fsync) per claim prepared and
-	// unprepared: what the group commit saves when callers overlap.
-	b.ReportMetric(writes1/float64(b.N), "checkpoint-writes/claim-c1")
-	b.ReportMetric(writes16/float64(b.N), "checkpoint-writes/claim-c16")
-	// The share of the phase the checkpoint writer spent writing: writes
-	// are one at a time (one file), so near 1 the writer is the limit and
-	// claims queue on each other's fsyncs, however many CPUs there are.
-	b.ReportMetric(writer1/float64(b.N), "checkpoint-busy-c1")
-	b.ReportMetric(writer16/float64(b.N), "checkpoint-busy-c16")
 }
 
 // ownCPU is the CPU time (user and system) this process has used.
