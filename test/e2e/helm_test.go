@@ -223,6 +223,12 @@ func checkNodeLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 		return
 	}
 	t.Logf("%s: node-lock policy refused the plugin's foreign write %v after the install", combo, time.Since(start).Round(time.Millisecond))
+	inPoolB := slice("node-a")
+	inPoolB.Name += "-in-pool-b"
+	inPoolB.Spec.Pool.Name = "node-b"
+	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, inPoolB, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "in its own pool") {
+		t.Errorf("%s: the plugin's account in %s, bound to node-a, wrote a slice of node-a in node-b's pool: %v", combo, namespace, err)
+	}
 	own := slice("node-a")
 	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, own, metav1.CreateOptions{}); err != nil {
 		t.Errorf("%s: the plugin's account in %s cannot write its own node's slice: %v", combo, namespace, err)

@@ -68,6 +68,18 @@ func TestNodeLockedSliceWrites(t *testing.T) {
 	if _, err := onA.ResourceV1().ResourceSlices().Create(ctx, slice("own-a", "node-a"), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("plugin on node-a cannot write its own slice: %v", err)
 	}
+	// Nor may node-a's token write a slice of its own node in node-b's
+	// pool (with a higher pool generation it would outrank node-b's own
+	// slices in the scheduler) or of another driver.
+	inPoolB := slice("pool-b", "node-a")
+	inPoolB.Spec.Pool.Name = "node-b"
+	otherDriver := slice("other-driver", "node-a")
+	otherDriver.Spec.Driver = "gpu.example.com"
+	for _, s := range []*resourceapi.ResourceSlice{inPoolB, otherDriver} {
+		if _, err := onA.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "in its own pool") {
+			t.Errorf("plugin on node-a wrote slice %s (driver %s, pool %s): %v", s.Name, s.Spec.Driver, s.Spec.Pool.Name, err)
+		}
+	}
 	// A slice of node-b (written by the admin) can be neither changed nor
 	// deleted from node-a.
 	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice("theirs-b", "node-b"), metav1.CreateOptions{}); err != nil {
