@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// Packages lists the Debian packages the images are made of, one a line
+// packagesFile lists the Debian packages the images are made of, one a line
 // (debs.txt). test/k8sbin/build.sh downloads them with `apt-get download`
 // into the deb cache (DebDir); building an image reads them from there and
 // downloads nothing.
@@ -51,7 +51,7 @@ func FindDeb(dir, pkg string) (string, error) {
 	}
 	switch len(matches) {
 	case 0:
-		return "", fmt.Errorf("Debian package %s is not in %s: run `make cluster-bins` (test/k8sbin/build.sh downloads it)", pkg, dir)
+		return "", fmt.Errorf("the Debian package %s is not in %s: run `make cluster-bins` (test/k8sbin/build.sh downloads it)", pkg, dir)
 	case 1:
 		return matches[0], nil
 	default:

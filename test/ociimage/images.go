@@ -249,6 +249,9 @@ func goBuild(ctx context.Context, dir string, env, args []string) error {
 // imports (pause and busybox), keyed by name; workDir holds the pause
 // binary.
 func NodeImages(ctx context.Context, moduleDir, workDir, debDir string) (map[string]v1.Image, error) {
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return nil, err
+	}
 	pauseBin := filepath.Join(workDir, "pause")
 	if err := BuildPause(ctx, moduleDir, pauseBin); err != nil {
 		return nil, err
