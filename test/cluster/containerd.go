@@ -263,6 +263,14 @@ func (r *realRuntime) stop(ctx context.Context) {
 		r.daemon.stop(10 * time.Second)
 	}
 	r.holder.stop(5 * time.Second)
+	// containerd puts pod cgroups below k8s.io (named after its CRI
+	// namespace; the kubelet gives no parent without cgroupsPerQOS) and
+	// leaves that parent behind; removing it fails while another node's
+	// containers use it.
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, p := range parents {
+		_ = os.Remove(p)
+	}
 	if out, err := exec.Command("ip", "link", "delete", r.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		logger.Error(err, "Deleting the pod bridge failed", "node", r.node.name, "bridge", r.bridge, "output", string(out))
 	}
