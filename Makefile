@@ -27,7 +27,7 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook
 
-.PHONY: all build test oracle hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image
+.PHONY: all build test oracle hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image image-oci
 
 all: build
 
@@ -41,6 +41,14 @@ IMAGE ?= ghcr.io/tessera-dev/tessera:dev
 CONTAINER_TOOL ?= docker
 image:
 	$(CONTAINER_TOOL) build -t $(IMAGE) .
+
+# image-oci builds the same image without a container engine (test/ociimage:
+# Debian packages from the cache `make cluster-bins` fills, the binaries built
+# as the Dockerfile builds them) as an OCI archive, $(OUTPUT)/images/tessera.oci.tar,
+# beside node-images.oci.tar (the local cluster's pause and busybox images).
+# Load it with `ctr images import` or any OCI tool.
+image-oci: cluster-bins
+	$(GO) run ./test/cmd/ociimage -o $(OUTPUT)/images -image $(IMAGE)
 
 include test/cluster.mk
 

@@ -6,9 +6,11 @@ export TESSERA_CACHE
 
 .PHONY: cluster-bins e2e-smoke
 
-# Build kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and
-# etcd from the Go module proxy into $(TESSERA_CACHE)/bin (cold: ~15 min on
-# two cores; afterwards a no-op).
+# Build kube-apiserver, kube-scheduler, kube-controller-manager, kubelet,
+# etcd, containerd and the CNI plugins from the Go module proxy into
+# $(TESSERA_CACHE)/bin, install Debian's runc when missing, and download the
+# Debian packages of the images (test/ociimage) into $(TESSERA_CACHE)/debs
+# (cold: ~20 min on two cores; afterwards a no-op).
 cluster-bins:
 	test/k8sbin/build.sh
 

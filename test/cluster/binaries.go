@@ -14,6 +14,8 @@ import (
 const (
 	KubernetesVersion = "v1.37.2"
 	EtcdVersion       = "v3.7.3"
+	ContainerdVersion = "v2.4.2"
+	CNIPluginsVersion = "v1.10.0"
 )
 
 // Binaries are the paths of the executables a cluster runs.
@@ -60,6 +62,48 @@ func FindBinaries() (Binaries, error) {
 	}
 	if len(missing) > 0 {
 		return b, fmt.Errorf("cluster binaries missing (%s): run `make cluster-bins`", strings.Join(missing, ", "))
+	}
+	return b, nil
+}
+
+// RuntimeBinaries are the executables a real-runtime node runs besides the
+// kubelet: containerd and its client from the cache, the CNI plugins' dir,
+// and Debian's runc.
+type RuntimeBinaries struct {
+	Containerd, Ctr, Runc, CNIDir string
+}
+
+// FindRuntimeBinaries returns the real-runtime node's binaries, or an error
+// saying which are missing and how to get them.
+func FindRuntimeBinaries() (RuntimeBinaries, error) {
+	containerd := filepath.Join(CacheDir(), "containerd-"+ContainerdVersion)
+	cni := filepath.Join(CacheDir(), "cni-"+CNIPluginsVersion)
+	b := RuntimeBinaries{
+		Containerd: filepath.Join(containerd, "containerd"),
+		Ctr:        filepath.Join(containerd, "ctr"),
+		CNIDir:     cni,
+	}
+	var missing []string
+	for _, path := range []string{
+		filepath.Join(containerd, ".stamp"), b.Containerd, b.Ctr, filepath.Join(containerd, "containerd-shim-runc-v2"),
+		filepath.Join(cni, ".stamp"), filepath.Join(cni, "bridge"), filepath.Join(cni, "host-local"), filepath.Join(cni, "loopback"),
+	} {
+		if _, err := os.Stat(path); err != nil {
+			missing = append(missing, path)
+		}
+	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		missing = append(missing, "runc in PATH (Debian's runc package)")
+	}
+	b.Runc = runc
+	for _, tool := range []string{"nsenter", "ip", "dpkg-deb"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool+" in PATH")
+		}
+	}
+	if len(missing) > 0 {
+		return b, fmt.Errorf("real-runtime node prerequisites missing (%s): run `make cluster-bins`", strings.Join(missing, ", "))
 	}
 	return b, nil
 }

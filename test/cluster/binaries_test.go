@@ -12,6 +12,8 @@ func TestVersionsMatchK8sbinModules(t *testing.T) {
 	for _, tc := range []struct{ gomod, module, want string }{
 		{"../k8sbin/go.mod", "k8s.io/kubernetes", KubernetesVersion},
 		{"../k8sbin/etcd/go.mod", "go.etcd.io/etcd/server/v3", EtcdVersion},
+		{"../k8sbin/containerd/go.mod", "github.com/containerd/containerd/v2", ContainerdVersion},
+		{"../k8sbin/cni/go.mod", "github.com/containernetworking/plugins", CNIPluginsVersion},
 	} {
 		data, err := os.ReadFile(tc.gomod)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/test/ociimage"
 )
 
 // Options say where a cluster lives and which nodes it has.
@@ -48,6 +51,13 @@ type Cluster struct {
 	components []*process // control plane, in start order
 	nodes      []*Node
 	stopOnce   sync.Once
+
+	// For real-runtime nodes: their binaries, and the archive of the
+	// images each imports, built once per cluster.
+	runtimeBins     RuntimeBinaries
+	nodeImagesOnce  sync.Once
+	nodeImagesPath  string
+	nodeImagesError error
 }
 
 // Start brings up etcd, the control plane and every node, and returns once
@@ -66,6 +76,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{dir: opts.Dir, logger: klog.FromContext(ctx), bins: bins}
+	if slices.ContainsFunc(opts.Nodes, func(n NodeSpec) bool { return n.Runtime == RealContainerd }) {
+		if c.runtimeBins, err = FindRuntimeBinaries(); err != nil {
+			return nil, err
+		}
+	}
 	register(c)
 	if err := c.start(ctx, opts); err != nil {
 		c.Stop()
@@ -84,7 +99,7 @@ func validate(opts *Options) error {
 		return fmt.Errorf("resolve cluster dir %s: %w", opts.Dir, err)
 	}
 	opts.Dir = dir
-	for _, hidden := range []string{"/var/lib", "/var/log"} {
+	for _, hidden := range []string{"/var/lib", "/var/log", "/run", "/var/run"} {
 		if dir == hidden || strings.HasPrefix(dir, hidden+"/") {
 			return fmt.Errorf("cluster dir %s is under %s, which each kubelet's mount namespace replaces; use another dir", dir, hidden)
 		}
@@ -138,8 +153,9 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 // itself is left for the caller to remove.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		ctx := klog.NewContext(context.Background(), c.logger)
 		for _, n := range c.nodes {
-			n.stop()
+			n.stop(ctx)
 		}
 		for i := len(c.components) - 1; i >= 0; i-- {
 			c.components[i].stop(5 * time.Second)
@@ -197,6 +213,27 @@ func (c *Cluster) waitForServiceAccount(ctx context.Context, namespace string) e
 			namespace, c.logPath("kube-controller-manager"), err)
 	}
 	return nil
+}
+
+// nodeImages builds the archive of the images real-runtime nodes import
+// (test/ociimage: pause and busybox) into Dir/images, once.
+func (c *Cluster) nodeImages(ctx context.Context) (string, error) {
+	c.nodeImagesOnce.Do(func() {
+		start := time.Now()
+		dir := filepath.Join(c.dir, "images")
+		images, err := ociimage.NodeImages(ctx, ".", dir, ociimage.DebDir())
+		if err != nil {
+			c.nodeImagesError = fmt.Errorf("build the node images: %w", err)
+			return
+		}
+		c.nodeImagesPath = filepath.Join(dir, "node-images.oci.tar")
+		if err := ociimage.WriteArchive(c.nodeImagesPath, images); err != nil {
+			c.nodeImagesError = fmt.Errorf("write the node images: %w", err)
+			return
+		}
+		c.logger.V(2).Info("Built node images", "archive", c.nodeImagesPath, "duration", time.Since(start).Round(time.Millisecond))
+	})
+	return c.nodeImagesPath, c.nodeImagesError
 }
 
 // LogTails returns the last lines of every component's log, for printing

@@ -12,6 +12,9 @@ import (
 // with code, as a crashing process would; the kubelet notices at its next
 // relist (about a second).
 func (n *Node) ExitContainer(podUID, name string, code int32) error {
+	if n.runtime == nil {
+		return fmt.Errorf("node %s: only a fake runtime's containers can be made to exit", n.name)
+	}
 	rs := n.runtime.RuntimeService
 	rs.Lock()
 	defer rs.Unlock()

@@ -13,15 +13,39 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/test/ociimage"
 )
 
 // NodeSpec describes one simulated node.
 type NodeSpec struct {
 	Name   string
 	Labels map[string]string
+	// Runtime is the node's container runtime: the fake one by default.
+	Runtime Runtime
 }
 
-// Node is a real kubelet in a private mount namespace plus its fake runtime.
+// Runtime is a node's container runtime.
+type Runtime int
+
+const (
+	// FakeRuntime is k8s.io/cri-client's fake runtime in the test process:
+	// containers are records (Node.Containers), nothing runs. Cheap enough
+	// for many nodes.
+	FakeRuntime Runtime = iota
+	// RealContainerd is containerd with runc and a CNI bridge network
+	// (containerd.go): containers run, CDI devices are injected by
+	// containerd and created by runc. The node imports the pause image and
+	// BusyboxImage.
+	RealContainerd
+)
+
+// BusyboxImage is the workload image every real-runtime node holds (Debian's
+// busybox-static, built by test/ociimage). Pods must not pull it: use
+// imagePullPolicy Never or IfNotPresent.
+const BusyboxImage = ociimage.BusyboxName
+
+// Node is a real kubelet in a private mount namespace plus its runtime.
 // Its directory (Dir/nodes/<name>) holds the kubelet root dir, the CDI spec
 // dir, the scratch dirs mounted over /var/lib and /var/log inside the
 // namespace, the runtime socket and the kubelet's configuration.
@@ -29,7 +53,8 @@ type Node struct {
 	name        string
 	dir         string
 	cluster     *Cluster
-	runtime     *criRuntime
+	runtime     *criRuntime  // FakeRuntime
+	real        *realRuntime // RealContainerd
 	argv        []string
 	healthzPort int
 
@@ -53,9 +78,15 @@ func (n *Node) PluginsDir() string { return filepath.Join(n.KubeletRootDir(), "p
 // --cdi-root; the node's runtime resolves CDI devices from it.
 func (n *Node) CDIDir() string { return filepath.Join(n.dir, "cdi") }
 
-// Containers returns every container the runtime created on this node, with
-// the OCI spec it got after CDI injection, oldest first.
-func (n *Node) Containers() []RecordedContainer { return n.runtime.recorded() }
+// Containers returns every container the fake runtime created on this node,
+// with the OCI spec it got after CDI injection, oldest first. A real-runtime
+// node records nothing: ask its containers what they got.
+func (n *Node) Containers() []RecordedContainer {
+	if n.runtime == nil {
+		return nil
+	}
+	return n.runtime.recorded()
+}
 
 // KubeletLog is the path of the kubelet's log file.
 func (n *Node) KubeletLog() string { return n.cluster.logPath("kubelet-" + n.name) }
@@ -88,17 +119,25 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		credentials{certPEM: client.CertPEM, keyPEM: client.KeyPEM}); err != nil {
 		return nil, err
 	}
-	socket := filepath.Join(n.dir, "cri.sock")
-	config := filepath.Join(n.dir, "kubelet.yaml")
-	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, ports[0], ports[1])); err != nil {
-		return nil, fmt.Errorf("node %s: %w", n.name, err)
-	}
-	if n.runtime, err = startRuntime(ctx, socket, n.CDIDir(), filepath.Join(n.dir, "var-log")); err != nil {
-		return nil, fmt.Errorf("node %s: %w", n.name, err)
-	}
-
 	sysctlDir := filepath.Join(n.dir, "sysctl")
 	if err := writeSysctlStandIns(sysctlDir); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.name, err)
+	}
+	socket := filepath.Join(n.dir, "cri.sock")
+	if spec.Runtime == RealContainerd {
+		archive, err := c.nodeImages(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.name, err)
+		}
+		if n.real, err = startRealRuntime(ctx, n, c.runtimeBins, sysctlDir, archive); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.name, err)
+		}
+		socket = n.real.socket()
+	} else if n.runtime, err = startRuntime(ctx, socket, n.CDIDir(), filepath.Join(n.dir, "var-log")); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.name, err)
+	}
+	config := filepath.Join(n.dir, "kubelet.yaml")
+	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, ports[0], ports[1])); err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.name, err)
 	}
 
@@ -109,20 +148,26 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	// /var/log, /proc/sys read-only, and stand-in files over the sysctls
 	// it checks. Mounts made there, including the kubelet's own volume
 	// mounts, vanish with the namespace.
+	// A real-runtime node's kubelet joins the namespaces its containerd
+	// runs in (containerd.go), where the same mounts are made.
 	n.argv = []string{"unshare", "-m", "--propagation", "private", "sh", "-c", nodeNamespaceScript, "kubelet-ns",
-		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log"), sysctlDir,
+		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log"), sysctlDir}
+	if n.real != nil {
+		n.argv = n.real.nsenter(filepath.Join(n.dir, "run"))
+	}
+	n.argv = append(n.argv,
 		c.bins.Kubelet,
-		"--config=" + config,
-		"--kubeconfig=" + kubeconfig,
-		"--root-dir=" + n.KubeletRootDir(),
-		"--hostname-override=" + n.name,
+		"--config="+config,
+		"--kubeconfig="+kubeconfig,
+		"--root-dir="+n.KubeletRootDir(),
+		"--hostname-override="+n.name,
 		// The kubelet refuses a loopback node IP for the Node's addresses
 		// and logs so at each status update ("nodeIP can't be loopback
 		// address"); harmless here, where nothing dials a kubelet, and it
 		// keeps every node on loopback.
 		"--node-ip=127.0.0.1",
 		"--v=3",
-	}
+	)
 	if len(spec.Labels) > 0 {
 		var labels []string
 		for k, v := range spec.Labels {
@@ -250,6 +295,9 @@ func (n *Node) DropContainers() error {
 	if n.kubelet != nil {
 		return fmt.Errorf("node %s: stop the kubelet before dropping the containers", n.name)
 	}
+	if n.runtime == nil {
+		return fmt.Errorf("node %s: only a fake runtime can drop its containers", n.name)
+	}
 	n.runtime.dropAll()
 	return nil
 }
@@ -297,7 +345,10 @@ func (n *Node) start(ctx context.Context, waitReady bool) error {
 	})
 }
 
-func (n *Node) stop() {
+func (n *Node) stop(ctx context.Context) {
 	n.StopKubelet()
 	n.runtime.stop()
+	if n.real != nil {
+		n.real.stop(ctx)
+	}
 }

@@ -50,6 +50,8 @@ type gpuNodeSpec struct {
 	labels map[string]string
 	// options, if set, changes the node's plugin flags (e.g. shared GPUs).
 	options func(*plugin.Options)
+	// runtime is the node's container runtime (the fake one by default).
+	runtime cluster.Runtime
 }
 
 // tesseraCluster is a local cluster with Tessera's DeviceClasses and RBAC
@@ -71,7 +73,7 @@ func startTessera(t *testing.T, specs ...gpuNodeSpec) *tesseraCluster {
 	t.Helper()
 	var nodes []cluster.NodeSpec
 	for _, s := range specs {
-		nodes = append(nodes, cluster.NodeSpec{Name: s.name, Labels: s.labels})
+		nodes = append(nodes, cluster.NodeSpec{Name: s.name, Labels: s.labels, Runtime: s.runtime})
 	}
 	c := cluster.StartT(t, cluster.Options{Nodes: nodes})
 	_, ctx := ktesting.NewTestContext(t)

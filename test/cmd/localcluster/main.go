@@ -24,15 +24,16 @@ import (
 func main() {
 	dir := flag.String("dir", "", "cluster directory (default: a new one under $TMPDIR)")
 	nodes := flag.String("nodes", "gpu-node-1", "comma-separated node names")
+	real := flag.String("real-nodes", "", "comma-separated names of further nodes that run containers with containerd and runc")
 	klog.InitFlags(nil)
 	flag.Parse()
-	if err := run(*dir, strings.Split(*nodes, ",")); err != nil {
+	if err := run(*dir, strings.Split(*nodes, ","), strings.Split(*real, ",")); err != nil {
 		fmt.Fprintf(os.Stderr, "localcluster: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, nodeNames []string) error {
+func run(dir string, nodeNames, realNames []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if dir == "" {
@@ -43,7 +44,14 @@ func run(dir string, nodeNames []string) error {
 	}
 	opts := cluster.Options{Dir: dir}
 	for _, name := range nodeNames {
-		opts.Nodes = append(opts.Nodes, cluster.NodeSpec{Name: strings.TrimSpace(name)})
+		if name = strings.TrimSpace(name); name != "" {
+			opts.Nodes = append(opts.Nodes, cluster.NodeSpec{Name: name})
+		}
+	}
+	for _, name := range realNames {
+		if name = strings.TrimSpace(name); name != "" {
+			opts.Nodes = append(opts.Nodes, cluster.NodeSpec{Name: name, Runtime: cluster.RealContainerd})
+		}
 	}
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {

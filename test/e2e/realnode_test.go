@@ -1,0 +1,237 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/test/cluster"
+)
+
+// realNodeSteps runs the steps of a test on a real-runtime node; a failing
+// step fails the test with its name and the tails of the node's containerd
+// and kubelet logs.
+type realNodeSteps struct {
+	t    *testing.T
+	node *cluster.Node
+}
+
+func (s realNodeSteps) fail(step string, format string, args ...any) {
+	s.t.Helper()
+	s.t.Fatalf("step %q failed: %s\n==== last lines of %s\n%s\n==== last lines of %s\n%s", step, fmt.Sprintf(format, args...),
+		s.node.ContainerdLog(), logTail(s.node.ContainerdLog(), 25), s.node.KubeletLog(), logTail(s.node.KubeletLog(), 25))
+}
+
+// run creates the pod and waits until its container has written a line
+// "END"; it returns the running pod and the container's output before it.
+// A container that ends first fails the step.
+func (s realNodeSteps) run(ctx context.Context, c *tesseraCluster, step string, pod *corev1.Pod) (*corev1.Pod, string) {
+	s.t.Helper()
+	client := c.Client()
+	if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		s.fail(step, "create pod %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	var last *corev1.Pod
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		p, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err == nil {
+			last = p
+			out, _ := s.node.ContainerLog(p.Namespace, p.Name, string(p.UID), p.Spec.Containers[0].Name)
+			if before, _, found := strings.Cut(out, "END\n"); found && p.Status.Phase == corev1.PodRunning {
+				return p, before
+			}
+			if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				s.fail(step, "pod %s/%s ended early: %+v\ncontainer output:\n%s\nevents:\n%s", p.Namespace, p.Name, p.Status, out, c.events(ctx, p.Namespace))
+			}
+		}
+		if time.Now().After(deadline) {
+			s.fail(step, "pod %s/%s did not run and write END within 2m; last status %+v\nevents:\n%s", pod.Namespace, pod.Name, last, c.events(ctx, pod.Namespace))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// logTail is the end of a component's log, for failure messages.
+func logTail(path string, lines int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read: %v)", err)
+	}
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// busyboxPod is a pod that runs script in the busybox image the
+// real-runtime nodes hold, then writes END and waits to be deleted.
+// The kubelet turns "$$" in a command into "$": scripts avoid it.
+func busyboxPod(ns, name, node, script string) *corev1.Pod {
+	return onNode(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{
+				Name:            "main",
+				Image:           cluster.BusyboxImage,
+				ImagePullPolicy: corev1.PullNever,
+				Command:         []string{"sh", "-c", script + "\necho END\nexec sleep 3600"},
+			}},
+		},
+	}, node)
+}
+
+// gpuProbe is what the GPU workload's container prints about itself: its
+// NVIDIA device nodes (type, major and minor in hex), its environment, the
+// driver library mounted in, and how opening device nodes ends: the GPU
+// node it was given, and one it makes itself with mknod for the first
+// other minor number among 0-7 (the node's other GPUs). With no NVIDIA
+// driver on the host, an open the devices cgroup allows fails with ENXIO
+// ("No such device or address"); one it refuses fails with EPERM.
+const gpuProbe = `for f in /dev/nvidia*; do stat -c 'DEV %n %F %t %T' "$f"; done
+env | sed 's/^/ENV /'
+echo "LIB $(cat /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
+given=$(ls /dev/nvidia[0-9]*)
+echo "OPEN-GIVEN $(cat $given 2>&1)"
+for m in 0 1 2 3 4 5 6 7; do if [ /dev/nvidia$m != $given ]; then other=$m; break; fi; done
+echo "OTHER-MINOR $other"
+mknod /tmp/other c 195 $other
+echo "OPEN-OTHER $(cat /tmp/other 2>&1)"
+`
+
+// TestRealRuntimeNodeRunsContainersWithTheirGPUs runs pods in real
+// containers: containerd 2 with runc on a node of the local cluster, with
+// Tessera's kubelet plugin serving a simulated DGX H100 there. A busybox pod
+// runs and its output comes back from the container's log; then a pod with
+// a one-GPU claim sees, from inside its container, the device nodes of its
+// GPU and of the driver's control devices as character devices with
+// NVIDIA's numbers (containerd injected them from Tessera's CDI spec, runc
+// created them), its GPU's UUID in NVIDIA_VISIBLE_DEVICES and
+// TESSERA_GPU_<n>_UUID, the driver library, and the devices cgroup: it can
+// open its GPU but not another one.
+func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
+	start := time.Now()
+	c := startTessera(t, gpuNodeSpec{name: "real-1", profile: "dgx-h100", runtime: cluster.RealContainerd})
+	t.Logf("cluster with a real-runtime node and Tessera's plugin up in %v", time.Since(start).Round(time.Millisecond))
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	n := c.nodes["real-1"]
+	steps := realNodeSteps{t: t, node: n.Node.Node}
+	const ns = "real"
+	if err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+
+	step := "busybox pod runs under runc and its output is read back"
+	t0 := time.Now()
+	hello, out := steps.run(ctx, c, step, busyboxPod(ns, "hello", n.Name(),
+		`echo "hello from $(hostname)"; echo "pid $(sh -c 'echo $PPID')"`))
+	if !strings.Contains(out, "hello from hello\n") || !strings.Contains(out, "pid 1\n") {
+		steps.fail(step, "container output %q lacks its greeting from hostname hello as PID 1 of its own PID namespace", out)
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "GPU pod sees its devices, environment and driver files, and only its GPU"
+	t0 = time.Now()
+	if _, err := c.Client().ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create claim template: %v", err)
+	}
+	pod := busyboxPod(ns, "gpu", n.Name(), gpuProbe)
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	pod, out = steps.run(ctx, c, step, pod)
+	got := parseProbe(out)
+	claim := c.claimOf(ctx, t, pod, "gpu")
+	devices := allocatedDevices(claim)
+	if len(devices) != 1 {
+		steps.fail(step, "claim %s allocated %v, want one GPU", claim.Name, devices)
+	}
+	g := n.gpuOf(t, devices[0])
+	want := map[string]string{
+		fmt.Sprintf("/dev/nvidia%d", g.minor): fmt.Sprintf("character special file %x %x", fakenode.NvidiaMajor, g.minor),
+		"/dev/nvidiactl":                      fmt.Sprintf("character special file %x %x", fakenode.NvidiaMajor, 255),
+		"/dev/nvidia-uvm":                     fmt.Sprintf("character special file %x %x", fakenode.UVMMajor, 0),
+		"/dev/nvidia-uvm-tools":               fmt.Sprintf("character special file %x %x", fakenode.UVMMajor, 1),
+	}
+	if !maps.Equal(got.devices, want) {
+		steps.fail(step, "container's NVIDIA device nodes (path: type major minor, hex) are %v, want %v\noutput:\n%s", got.devices, want, out)
+	}
+	if v := got.env["NVIDIA_VISIBLE_DEVICES"]; v != g.uuid {
+		steps.fail(step, "NVIDIA_VISIBLE_DEVICES=%q, want %s (%s)\noutput:\n%s", v, g.uuid, devices[0], out)
+	}
+	key := "TESSERA_" + strings.ToUpper(strings.ReplaceAll(devices[0], "-", "_")) + "_UUID"
+	if v := got.env[key]; v != g.uuid {
+		steps.fail(step, "%s=%q, want %s\noutput:\n%s", key, v, g.uuid, out)
+	}
+	if !strings.HasPrefix(got.lib, "fake libnvidia-ml.so.") {
+		steps.fail(step, "the driver library in the container reads %q, want the node's (fake libnvidia-ml.so.<version>)\noutput:\n%s", got.lib, out)
+	}
+	if !strings.Contains(got.openGiven, "No such device or address") {
+		steps.fail(step, "opening its own GPU %s ended %q, want ENXIO (No such device or address: the devices cgroup allows it, no driver answers)\noutput:\n%s", devices[0], got.openGiven, out)
+	}
+	otherIsAGPU := false
+	for i := range n.gpuCount(t) {
+		if o := n.gpuOf(t, fmt.Sprintf("gpu-%d", i)); o.minor == got.otherMinor && o.minor != g.minor {
+			otherIsAGPU = true
+		}
+	}
+	if !otherIsAGPU {
+		steps.fail(step, "the container tried minor %d as another GPU, which is no other GPU of node %s\noutput:\n%s", got.otherMinor, n.Name(), out)
+	}
+	if !strings.Contains(got.openOther, "Operation not permitted") {
+		steps.fail(step, "opening another GPU's node ended %q, want EPERM (Operation not permitted: the devices cgroup refuses it)\noutput:\n%s", got.openOther, out)
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "deleted pods stop, their claim is unprepared"
+	t0 = time.Now()
+	c.deletePodsAndWait(ctx, t, hello, pod)
+	waitNoCDISpecs(ctx, t, n)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+	t.Logf("test body took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// probeResult is what gpuProbe printed.
+type probeResult struct {
+	devices              map[string]string // path -> "<type> <major hex> <minor hex>"
+	env                  map[string]string
+	lib                  string
+	openGiven, openOther string
+	otherMinor           int
+}
+
+func parseProbe(out string) probeResult {
+	r := probeResult{devices: map[string]string{}, env: map[string]string{}}
+	for _, line := range strings.Split(out, "\n") {
+		tag, rest, _ := strings.Cut(line, " ")
+		switch tag {
+		case "DEV":
+			path, desc, _ := strings.Cut(rest, " ")
+			r.devices[path] = desc
+		case "ENV":
+			k, v, _ := strings.Cut(rest, "=")
+			r.env[k] = v
+		case "LIB":
+			r.lib = rest
+		case "OPEN-GIVEN":
+			r.openGiven = rest
+		case "OPEN-OTHER":
+			r.openOther = rest
+		case "OTHER-MINOR":
+			r.otherMinor, _ = strconv.Atoi(rest)
+		}
+	}
+	return r
+}
