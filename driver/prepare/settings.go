@@ -224,7 +224,8 @@ func (m *Manager) storeOriginal(gpu string, orig checkpoint.GPUOriginal) error {
 	}
 	v := m.changed()
 	m.mu.Unlock()
-	return m.persist(v)
+	// On disk before the setting changes: a crash then restores it.
+	return m.persistNow(v)
 }
 
 // originalGPUs lists the GPUs with settings to restore or keep.

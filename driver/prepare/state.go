@@ -191,6 +191,14 @@ type Manager struct {
 
 	fileMu  sync.Mutex // serialises checkpoint writes
 	written uint64     // the newest version on disk
+
+	// In a rolling update, the sections waiting for the node lock and
+	// whether one of their callers leads (locked); inBatch is set while
+	// the leader runs a batch.
+	batchMu sync.Mutex
+	pending []*section
+	leading bool
+	inBatch atomic.Bool
 }
 
 // New loads the checkpoint and brings the node to a consistent state (see
@@ -392,22 +400,89 @@ func (m *Manager) Reload(ctx context.Context) error {
 // during a rolling update, and the kubelet may prepare a claim through one
 // and unprepare it through the other: the checkpoint on disk is then the
 // state, and fn runs under the node lock both hold, starting from what is
-// on disk (reload), and writes every change it makes before returning.
-// Every claim on the node waits for that lock: fn must never call the API
-// server or wait for anything but the checkpoint and NVML's settings calls.
+// on disk (reload), and every change it makes is on disk before locked
+// returns. Every claim on the node waits for that lock: fn must never call
+// the API server or wait for anything but the checkpoint and NVML's
+// settings calls.
+//
+// The sections of this process's claims are run in batches (group commit,
+// as persist does for one instance): one of the waiting callers leads,
+// takes the node lock once, reloads once, runs every section waiting, in
+// turn, and writes their changes in one checkpoint write (persist, called
+// by a section, only marks the batch dirty; persistNow writes at once
+// what must be on disk before the section goes on). Each caller then
+// learns its own section's error, or the write's. Memory is never trusted
+// across batches: each starts from the disk, so a failed write leaves
+// nothing behind but the error.
 func (m *Manager) locked(ctx context.Context, fn func() error) error {
 	if m.cfg.Shared == nil {
 		return fn()
 	}
-	unlock, err := m.cfg.Shared.LockNode()
-	if err != nil {
-		return err
+	r := &section{fn: fn, done: make(chan error, 1), lead: make(chan struct{})}
+	m.batchMu.Lock()
+	m.pending = append(m.pending, r)
+	leader := !m.leading
+	m.leading = true
+	m.batchMu.Unlock()
+	if !leader {
+		select {
+		case err := <-r.done:
+			return err
+		case <-r.lead:
+		}
 	}
-	defer unlock()
-	if err := m.reload(ctx); err != nil {
-		return err
+	m.batchMu.Lock()
+	batch := m.pending
+	m.pending = nil
+	m.batchMu.Unlock()
+	m.runBatch(ctx, batch)
+	m.batchMu.Lock()
+	if len(m.pending) > 0 {
+		close(m.pending[0].lead) // the next batch's leader
+	} else {
+		m.leading = false
 	}
-	return fn()
+	m.batchMu.Unlock()
+	return <-r.done
+}
+
+// section is a caller of locked waiting for its turn.
+type section struct {
+	fn   func() error
+	done chan error
+	// lead is closed to make the caller lead the next batch.
+	lead chan struct{}
+}
+
+// runBatch runs the sections under the node lock, from the checkpoint on
+// disk, and writes their changes once.
+func (m *Manager) runBatch(ctx context.Context, batch []*section) {
+	errs := make([]error, len(batch))
+	err := func() error {
+		unlock, err := m.cfg.Shared.LockNode()
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if err := m.reload(ctx); err != nil {
+			return err
+		}
+		m.inBatch.Store(true)
+		for i, s := range batch {
+			errs[i] = s.fn()
+		}
+		m.inBatch.Store(false)
+		m.mu.Lock()
+		v := m.version
+		m.mu.Unlock()
+		return m.persistNow(v)
+	}()
+	for i, s := range batch {
+		if errs[i] == nil {
+			errs[i] = err
+		}
+		s.done <- errs[i]
+	}
 }
 
 // lockClaim takes a claim's lock: this process's, and in a rolling update
@@ -494,8 +569,19 @@ func (m *Manager) changed() uint64 {
 // batched (group commit): whoever takes the file lock writes the newest
 // state, covering every change made so far, and the claims waiting behind
 // it find their change already written and return without an fsync of
-// their own. Call it without m.mu.
+// their own. Inside a rolling update's batch of sections (locked) the
+// batch's one write at its end covers it. Call it without m.mu.
 func (m *Manager) persist(v uint64) error {
+	if m.inBatch.Load() {
+		return nil
+	}
+	return m.persistNow(v)
+}
+
+// persistNow is persist for a change that must be on disk before the
+// caller goes on, inside a batch too (a GPU setting's original, before the
+// setting changes).
+func (m *Manager) persistNow(v uint64) error {
 	m.fileMu.Lock()
 	defer m.fileMu.Unlock()
 	if m.written >= v {
