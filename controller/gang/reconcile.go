@@ -132,17 +132,9 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 		return result{requeueAfter: time.Second}, err
 	}
 	size := int(g.Spec.Size)
-	if v.invalid == "" {
-		for i, r := range g.Spec.Roles {
-			switch {
-			case v.roles[i] < int(r.Size):
-				waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("role %s: %d of %d members exist; the gang is placed when every role's do", r.Name, v.roles[i], r.Size))
-				return result{}, nil
-			case v.roles[i] > int(r.Size):
-				waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("role %s: %d pods match spec.roles[%d].selector, the role has %d: make them exactly the role's pods", r.Name, v.roles[i], i, r.Size))
-				return result{}, nil
-			}
-		}
+	if reason, msg := roleCounts(g, v); reason != "" {
+		waiting(st, g.Generation, reason, msg)
+		return result{}, nil
 	}
 	switch {
 	case v.invalid != "":
@@ -397,26 +389,6 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	}
 	klog.FromContext(ctx).Info("Gang lost a member; evicted the others", "why", msg, "evicted", len(in))
 	return true, result{requeueAfter: time.Second}, nil
-}
-
-// byRoleLastFirst runs f for every member, the last role's members first
-// (in parallel), the first role's last: workers are evicted before their
-// launcher. It stops at the first role with an error. Without roles, all
-// members at once.
-func byRoleLastFirst(in []*member, f func(*member) error) error {
-	stages := map[int][]*member{}
-	last := 0
-	for _, m := range in {
-		stages[m.roleIndex] = append(stages[m.roleIndex], m)
-		last = max(last, m.roleIndex)
-	}
-	for i := last; i >= 0; i-- {
-		stage := stages[i]
-		if err := parallel(len(stage), func(j int) error { return f(stage[j]) }); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // claimsOf says whether every claim of a gated member is allocated for
