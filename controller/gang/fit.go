@@ -13,6 +13,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/simulate"
 )
@@ -100,11 +101,53 @@ func candidates(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Nod
 	return out
 }
 
-// search finds the smallest domain the whole gang fits in, with the
-// scheduler's allocator over the snapshot (every allocated claim but the
-// gang's own counts as taken). It returns nil and every domain's verdict,
+// clusterCandidate is every node with the driver's devices: where a Spread
+// gang without a domain claim may go when no single domain fits it, since
+// spreading over failure domains (racks) is its point.
+func clusterCandidate(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node) candidate {
+	set := map[string]bool{}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver == driver && s.Spec.NodeName != nil && nodes[*s.Spec.NodeName] != nil {
+			set[*s.Spec.NodeName] = true
+		}
+	}
+	c := candidate{pool: clusterPool}
+	for n := range set {
+		c.nodes = append(c.nodes, n)
+	}
+	sort.Strings(c.nodes)
+	return c
+}
+
+// clusterPool stands for the cluster candidate where a pool is named.
+const clusterPool = "(no single domain)"
+
+// search finds the smallest domain the whole gang fits in, laid out by its
+// placement policy, with the scheduler's allocator over the snapshot (every
+// allocated claim but the gang's own counts as taken). A Spread gang is
+// first fitted with the spread as a limit; if that fits nowhere and the
+// policy is only Preferred, it is fitted again with the spread as an order
+// (as evenly as the nodes allow). It returns nil and every domain's verdict,
 // closest first, when none fits.
 func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view) (*plan, []verdict, error) {
+	pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement})
+	cands := candidates(snap, driver, nodes)
+	if pl.Policy == gangv1.PolicySpread && v.domainClaim == nil {
+		if c := clusterCandidate(snap, driver, nodes); len(c.nodes) > 0 {
+			cands = append(cands, c)
+		}
+	}
+	lay := newLayout(pl, true)
+	p, verdicts, err := searchWith(ctx, snap, driver, nodes, room, v, cands, lay)
+	if p != nil || err != nil || lay == nil || pl.Strength != gangv1.StrengthPreferred {
+		return p, verdicts, err
+	}
+	klog.FromContext(ctx).V(3).Info("No domain meets the preferred spread; placing the gang as evenly as the nodes allow", "topologyKey", pl.TopologyKey, "maxPerValue", pl.MaxPerValue)
+	return searchWith(ctx, snap, driver, nodes, room, v, cands, newLayout(pl, false))
+}
+
+// searchWith tries the candidates in order with one layout.
+func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view, cands []candidate, lay *layout) (*plan, []verdict, error) {
 	own := map[types.UID]bool{}
 	if v.domainClaim != nil {
 		own[v.domainClaim.UID] = true
@@ -125,21 +168,37 @@ func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes m
 		}
 	}
 	var verdicts []verdict
-	for _, cand := range candidates(snap, driver, nodes) {
+	var best *plan
+	bestExcess := 0
+	for _, cand := range cands {
 		sub := &simulate.Snapshot{Classes: snap.Classes, Claims: snap.Claims, Slices: poolSlices[cand.pool]}
 		for _, n := range cand.nodes {
 			sub.Slices = append(sub.Slices, nodeSlices[n]...)
 		}
 		cluster := sub.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return own[c.UID] })
-		p, vd, err := fitDomain(ctx, cluster, cand, nodes, room.of(cand.nodes), v)
+		l := lay.fresh()
+		p, vd, err := fitDomain(ctx, cluster, cand, nodes, room.of(cand.nodes), v, l)
 		if err != nil {
 			return nil, nil, err
 		}
-		if p != nil {
+		if p == nil {
+			verdicts = append(verdicts, vd)
+			continue
+		}
+		// A hard layout (or none) takes the first domain that fits. A soft
+		// one (a preferred spread no domain meets) takes the domain that
+		// misses it least, the smallest of those.
+		if l == nil || l.hard {
 			klog.FromContext(ctx).V(3).Info("Domain fits the gang", "pool", cand.pool, "nodes", len(cand.nodes))
 			return p, nil, nil
 		}
-		verdicts = append(verdicts, vd)
+		if e := l.excess(); best == nil || e < bestExcess {
+			best, bestExcess = p, e
+		}
+	}
+	if best != nil {
+		klog.FromContext(ctx).V(3).Info("Domain fits the gang, missing its preferred spread least", "pool", best.pool, "excess", bestExcess)
+		return best, nil, nil
 	}
 	sort.SliceStable(verdicts, func(i, j int) bool { return verdicts[i].placed > verdicts[j].placed })
 	return nil, verdicts, nil
@@ -148,10 +207,12 @@ func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes m
 // fitDomain places the domain claim and then each member, in rank order, on
 // the first node of the domain (in name order, resuming where the previous
 // member went) that has room for the pod and whose devices the allocator
-// accepts; it packs members onto as few nodes as it can. A node found full
-// for one shape of claims is not tried again for that shape, so the search
-// is linear in members plus nodes.
-func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, room capacity, v *view) (*plan, verdict, error) {
+// accepts; it packs members onto as few nodes as it can. With a spread
+// layout, the nodes of the least used topology values come first (and,
+// Required, values at the limit are left out). A node found full for one
+// shape of claims is not tried again for that shape, so the search is
+// linear in members plus nodes (times log nodes, spreading).
+func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, room capacity, v *view, lay *layout) (*plan, verdict, error) {
 	vd := verdict{pool: cand.pool}
 	var usable []*v1.Node
 	for _, name := range cand.nodes {
@@ -191,8 +252,8 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		placed := false
 		short := ""
 		req := requests(m.pod)
-		for k := range usable {
-			n := usable[(cursor+k)%len(usable)]
+		for _, i := range lay.order(usable, cursor) {
+			n := usable[i]
 			if full[shape][n.Name] || !podFits(m.pod, n) {
 				continue
 			}
@@ -212,15 +273,16 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			}
 			cluster.Commit(res...)
 			room.take(n.Name, req)
+			lay.take(n)
 			p.nodes = append(p.nodes, n.Name)
 			p.allocs = append(p.allocs, res)
-			cursor = (cursor + k) % len(usable)
+			cursor = i
 			placed = true
 			break
 		}
 		if !placed {
 			vd.placed = len(p.nodes)
-			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (rank %d), whose claims need %s%s", len(p.nodes), len(v.live), m.ref(), m.rank, describeClaims(m.claims), short)
+			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (%s), whose claims need %s%s%s", len(p.nodes), len(v.live), m.ref(), m.describeRank(), describeClaims(m.claims), short, lay.lacks(usable))
 			return nil, vd, nil
 		}
 	}

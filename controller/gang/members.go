@@ -19,12 +19,38 @@ const jobIndexLabel = "batch.kubernetes.io/job-completion-index"
 type member struct {
 	pod  *v1.Pod
 	rank int
+	// role is the member's role (spec.roles[].name) and roleRank its rank
+	// within it; "" and 0 in a gang without roles.
+	role      string
+	roleIndex int
+	roleRank  int
+	roleSize  int
 	// claims are the pod's own claims (from templates), in the pod's order;
 	// the shared domain claim is not among them.
 	claims []*resourceapi.ResourceClaim
 }
 
 func (m *member) ref() string { return m.pod.Namespace + "/" + m.pod.Name }
+
+// annotations are the rank and role annotations the member's pod and claims
+// carry (the kubelet plugin turns the claims' into TESSERA_GANG_* env).
+func (m *member) annotations() map[string]string {
+	a := map[string]string{gangv1.AnnotationRank: strconv.Itoa(m.rank)}
+	if m.role != "" {
+		a[gangv1.AnnotationRole] = m.role
+		a[gangv1.AnnotationRoleRank] = strconv.Itoa(m.roleRank)
+		a[gangv1.AnnotationRoleSize] = strconv.Itoa(m.roleSize)
+	}
+	return a
+}
+
+// describeRank is "rank 3", or "rank 3, workers 2" with roles.
+func (m *member) describeRank() string {
+	if m.role == "" {
+		return fmt.Sprintf("rank %d", m.rank)
+	}
+	return fmt.Sprintf("rank %d, %s %d", m.rank, m.role, m.roleRank)
+}
 
 func (m *member) gated() bool { return hasGate(m.pod) }
 
@@ -56,6 +82,11 @@ type view struct {
 	pending string
 	// invalid says why the members cannot form this gang; empty when they can.
 	invalid string
+	// placement is the gang's placement policy (nil: pack).
+	placement *gangv1.Placement
+	// roles counts the live members of each role, in spec order; nil
+	// without roles.
+	roles []int
 }
 
 // claimGetter looks claims up (an informer's lister).
@@ -63,7 +94,10 @@ type claimGetter func(namespace, name string) (*resourceapi.ResourceClaim, error
 
 // observe collects the gang's members and claims.
 func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim claimGetter) *view {
-	v := &view{}
+	v := &view{placement: g.Spec.Placement}
+	if len(g.Spec.Roles) > 0 {
+		v.roles = make([]int, len(g.Spec.Roles))
+	}
 	for _, p := range pods {
 		if !members.Matches(p) {
 			continue
@@ -73,6 +107,15 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 			continue
 		}
 		m := &member{pod: p}
+		if i, err := members.RoleOf(p, g.Spec.Roles); err != nil {
+			if v.invalid == "" {
+				v.invalid = err.Error()
+			}
+		} else if i >= 0 {
+			r := g.Spec.Roles[i]
+			m.role, m.roleIndex, m.roleSize = r.Name, i, int(r.Size)
+			v.roles[i]++
+		}
 		v.live = append(v.live, m)
 		if why := v.collectClaims(g, m, getClaim); why != "" && v.pending == "" {
 			v.pending = why
@@ -86,7 +129,7 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 		}
 		v.domainClaim = c
 	}
-	v.rank()
+	v.rank(g.Spec.Roles)
 	return v
 }
 
@@ -142,13 +185,43 @@ func (v *view) collectClaims(g *gangv1.Gang, m *member, getClaim claimGetter) st
 	return ""
 }
 
-// rank numbers the live members: by their indexed Job completion index when
-// every member has a distinct one, else by pod name.
-func (v *view) rank() {
-	sort.Slice(v.live, func(i, j int) bool { return v.live[i].pod.Name < v.live[j].pod.Name })
+// rank numbers the live members. Without roles: by their indexed Job
+// completion index when every member has a distinct one, else by pod name.
+// With roles, each role is numbered so (its rank within the role), and the
+// gang's ranks follow the roles' order: the first role's members first, each
+// role starting after the sizes of the roles before it.
+func (v *view) rank(roles []gangv1.Role) {
+	if len(roles) == 0 {
+		rankGroup(v.live)
+		return
+	}
+	offset := map[string]int{}
+	next := 0
+	for _, r := range roles {
+		offset[r.Name] = next
+		next += int(r.Size)
+	}
+	byRole := map[string][]*member{}
+	for _, m := range v.live {
+		byRole[m.role] = append(byRole[m.role], m)
+	}
+	for role, group := range byRole {
+		rankGroup(group)
+		for _, m := range group {
+			m.roleRank = m.rank
+			m.rank += offset[role]
+		}
+	}
+	sort.SliceStable(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
+}
+
+// rankGroup numbers members from 0: by their indexed Job completion index
+// when every one has a distinct one, else by pod name; and sorts them so.
+func rankGroup(group []*member) {
+	sort.Slice(group, func(i, j int) bool { return group[i].pod.Name < group[j].pod.Name })
 	seen := map[int]bool{}
 	byIndex := true
-	for _, m := range v.live {
+	for _, m := range group {
 		idx, err := strconv.Atoi(m.pod.Labels[jobIndexLabel])
 		if err != nil || seen[idx] {
 			byIndex = false
@@ -158,10 +231,10 @@ func (v *view) rank() {
 		m.rank = idx
 	}
 	if byIndex {
-		sort.Slice(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
+		sort.Slice(group, func(i, j int) bool { return group[i].rank < group[j].rank })
 		return
 	}
-	for i, m := range v.live {
+	for i, m := range group {
 		m.rank = i
 	}
 }

@@ -132,6 +132,10 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 		return result{requeueAfter: time.Second}, err
 	}
 	size := int(g.Spec.Size)
+	if reason, msg := roleCounts(g, v); reason != "" {
+		waiting(st, g.Generation, reason, msg)
+		return result{}, nil
+	}
 	switch {
 	case v.invalid != "":
 		waiting(st, g.Generation, gangv1.ReasonInvalid, v.invalid)
@@ -237,13 +241,17 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		return result{}, errInterrupted
 	}
 	err = parallel(len(v.live), func(i int) error {
-		return release(ctx, r.client, v.live[i].pod, p.nodes[i], id, v.live[i].rank)
+		return release(ctx, r.client, v.live[i], p.nodes[i], id)
 	})
 	if err != nil {
 		return result{}, err // committed: the next reconcile releases the rest
 	}
-	placed(st, g.Generation, p.device(), p.nodes, len(v.live))
+	notMet := spreadNotMet(gangv1.PlacementOf(&g.Spec), nodes, p.nodes)
+	placed(st, g.Generation, p.device(), p.nodes, len(v.live), notMet)
 	msg := fmt.Sprintf("placed %d members in %s on %d nodes", len(v.live), p.device(), len(st.Nodes))
+	if notMet != "" {
+		msg += "; " + notMet
+	}
 	r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonPlaced, msg)
 	logger.Info("Gang placed", "domain", p.device(), "members", len(v.live), "nodes", len(st.Nodes), "placement", id, "duration", time.Since(began).Round(time.Millisecond))
 	r.metrics.attempt("placed")
@@ -251,8 +259,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	return result{}, nil
 }
 
-// placed records a placement in the status.
-func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, members int) {
+// placed records a placement in the status; notMet says how it misses a
+// preferred placement policy ("" when it meets it).
+func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, members int, notMet string) {
 	set := map[string]bool{}
 	for _, n := range nodes {
 		set[n] = true
@@ -264,7 +273,11 @@ func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, mem
 	sort.Strings(st.Nodes)
 	st.Domain = device
 	setCondition(st, gen, gangv1.ConditionWaiting, false, gangv1.ReasonPlaced, "placed")
-	setCondition(st, gen, gangv1.ConditionPlaced, true, gangv1.ReasonPlaced, fmt.Sprintf("%d members placed in %s", members, device))
+	if notMet != "" {
+		setCondition(st, gen, gangv1.ConditionPlaced, true, gangv1.ReasonPolicyNotMet, fmt.Sprintf("%d members placed in %s; %s", members, device, notMet))
+	} else {
+		setCondition(st, gen, gangv1.ConditionPlaced, true, gangv1.ReasonPlaced, fmt.Sprintf("%d members placed in %s", members, device))
+	}
 	setCondition(st, gen, gangv1.ConditionFailed, false, gangv1.ReasonNone, "no member lost")
 }
 
@@ -318,7 +331,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 			}
 		}
 		err := parallel(len(gated), func(i int) error {
-			return release(ctx, r.client, gated[i].pod, nodeOf(gated[i], v), id, gated[i].rank)
+			return release(ctx, r.client, gated[i], nodeOf(gated[i], v), id)
 		})
 		if err != nil {
 			return true, result{}, err
@@ -337,7 +350,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		if device == "" {
 			device = domainOf(v)
 		}
-		placed(st, g.Generation, device, nodes, len(in))
+		placed(st, g.Generation, device, nodes, len(in), r.spreadNotMet(g, nodes))
 		if running == len(in) {
 			setCondition(st, g.Generation, gangv1.ConditionRunning, true, gangv1.ReasonRunning, fmt.Sprintf("all %d live members run", running))
 		} else {
@@ -356,8 +369,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	setCondition(st, g.Generation, gangv1.ConditionPlaced, false, gangv1.ReasonMemberLost, msg)
 	setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonMemberLost, msg)
 	setCondition(st, g.Generation, gangv1.ConditionWaiting, true, gangv1.ReasonMemberLost, "evicting the members of the lost placement")
-	err := parallel(len(in), func(i int) error {
-		m := in[i]
+	err := byRoleLastFirst(in, func(m *member) error {
 		if m.gated() {
 			for _, c := range m.claims {
 				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {

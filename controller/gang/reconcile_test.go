@@ -156,32 +156,69 @@ func (f *fakeCluster) drainEvents() []string {
 }
 
 // gangMembers creates gang ml/g of n members labelled gang=g, each gated
-// with its own one-GPU claim <pod>-gpu, sharing domain claim "domain".
-func (f *fakeCluster) gangMembers(n int) {
+// with its own one-GPU claim <pod>-gpu, sharing domain claim "domain";
+// change, if given, edits the gang before it is created.
+func (f *fakeCluster) gangMembers(n int, change ...func(*gangv1.Gang)) {
 	f.t.Helper()
-	domain := newClaim("domain", "domain.gpu.tessera.dev", 1)
-	f.create(domain)
+	f.create(newClaim("domain", "domain.gpu.tessera.dev", 1))
 	for i := range n {
-		name := fmt.Sprintf("m-%d", i)
-		pod := &v1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-pod-" + name), Labels: map[string]string{"gang": "g"}},
-			Spec: v1.PodSpec{
-				SchedulingGates: []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}},
-				ResourceClaims: []v1.PodResourceClaim{
-					{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")},
-					{Name: "domain", ResourceClaimName: ptr.To("domain")},
-				},
-			},
-			Status: v1.PodStatus{Phase: v1.PodPending, ResourceClaimStatuses: []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To(name + "-gpu")}}},
-		}
-		claim := newClaim(name+"-gpu", "gpu.tessera.dev", 1)
-		claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name, UID: pod.UID, Controller: ptr.To(true)}}
-		f.create(pod, claim)
+		f.member(fmt.Sprintf("m-%d", i), map[string]string{"gang": "g"}, 1)
 	}
 	g := labelGangOf("g", int32(n), "domain")
+	for _, c := range change {
+		c(g)
+	}
 	if _, err := f.r.gangs.Create(f.ctx, g); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// member creates a gated pod ml/<name> sharing domain claim "domain", with
+// its own claim <name>-gpu of gpus GPUs (none when gpus is 0).
+func (f *fakeCluster) member(name string, labels map[string]string, gpus int64) {
+	f.t.Helper()
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-pod-" + name), Labels: labels},
+		Spec: v1.PodSpec{
+			SchedulingGates: []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}},
+			ResourceClaims:  []v1.PodResourceClaim{{Name: "domain", ResourceClaimName: ptr.To("domain")}},
+		},
+		Status: v1.PodStatus{Phase: v1.PodPending},
+	}
+	if gpus == 0 {
+		f.create(pod)
+		return
+	}
+	pod.Spec.ResourceClaims = append([]v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("gpus")}}, pod.Spec.ResourceClaims...)
+	pod.Status.ResourceClaimStatuses = []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To(name + "-gpu")}}
+	claim := newClaim(name+"-gpu", "gpu.tessera.dev", gpus)
+	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name, UID: pod.UID, Controller: ptr.To(true)}}
+	f.create(pod, claim)
+}
+
+// pod reads a pod back.
+func (f *fakeCluster) pod(ns, name string) *v1.Pod {
+	f.t.Helper()
+	p, err := f.client.CoreV1().Pods(ns).Get(f.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+// pinnedTo is the node a released member was pinned to ("" if none).
+func pinnedTo(p *v1.Pod) string {
+	if p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil || p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	for _, term := range p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, f := range term.MatchFields {
+			if f.Key == "metadata.name" && len(f.Values) == 1 {
+				return f.Values[0]
+			}
+		}
+	}
+	return ""
 }
 
 func labelGangOf(name string, size int32, domain string) *gangv1.Gang {

@@ -56,7 +56,7 @@ func writes(g *gangv1.Gang, v *view, p *plan) []claimWrite {
 	for i, m := range v.live {
 		for j, c := range m.claims {
 			out = append(out, claimWrite{claim: c, alloc: p.allocs[i][j], pods: []*v1.Pod{m.pod},
-				annotations: map[string]string{gangv1.AnnotationRank: strconv.Itoa(m.rank)}})
+				annotations: m.annotations()})
 		}
 	}
 	return out
@@ -277,10 +277,11 @@ func allocationNode(a *resourceapi.AllocationResult, nodes map[string]*v1.Node) 
 }
 
 // release narrows a gated member to its node (if it has one: a member
-// without claims of its own is confined by the domain claim alone), records its placement and
-// rank, and removes the gate, in one update (a gated pod accepts added node
-// affinity). A member already released is left alone.
-func release(ctx context.Context, client kubernetes.Interface, pod *v1.Pod, node, id string, rank int) error {
+// without claims of its own is confined by the domain claim alone), records
+// its placement, rank and role, and removes the gate, in one update (a gated
+// pod accepts added node affinity). A member already released is left alone.
+func release(ctx context.Context, client kubernetes.Interface, m *member, node, id string) error {
+	pod := m.pod
 	pods := client.CoreV1().Pods(pod.Namespace)
 	p := pod.DeepCopy()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -291,7 +292,9 @@ func release(ctx context.Context, client kubernetes.Interface, pod *v1.Pod, node
 			p.Annotations = map[string]string{}
 		}
 		p.Annotations[gangv1.AnnotationPlacement] = id
-		p.Annotations[gangv1.AnnotationRank] = strconv.Itoa(rank)
+		for k, val := range m.annotations() {
+			p.Annotations[k] = val
+		}
 		if node != "" {
 			pinTo(p, node)
 		}

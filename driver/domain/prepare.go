@@ -154,9 +154,10 @@ func gangEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
 }
 
 // MemberEnv is the prepare.Config.ClaimEnv hook for a member's GPU claim: the
-// gang, its size and the member's rank, from the annotations the gang
-// controller writes on the claim before allocating it; nothing for a claim
-// of no gang.
+// gang, its size and the member's rank, and in a gang with roles the
+// member's role, its rank within the role and the role's size, from the
+// annotations the gang controller writes on the claim before allocating it;
+// nothing for a claim of no gang.
 func MemberEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
 	rank, ok := claim.Annotations[gangv1.AnnotationRank]
 	if !ok {
@@ -171,5 +172,18 @@ func MemberEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
 	if err != nil || r < 0 {
 		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRank, rank)
 	}
-	return append(env, gangv1.EnvGangRank+"="+strconv.Itoa(r)), nil
+	env = append(env, gangv1.EnvGangRank+"="+strconv.Itoa(r))
+	role, ok := claim.Annotations[gangv1.AnnotationRole]
+	if !ok {
+		return env, nil
+	}
+	roleRank, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleRank])
+	if err != nil || roleRank < 0 {
+		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRoleRank, claim.Annotations[gangv1.AnnotationRoleRank])
+	}
+	roleSize, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleSize])
+	if err != nil || roleSize <= roleRank {
+		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number above the role rank %d (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRoleSize, claim.Annotations[gangv1.AnnotationRoleSize], roleRank)
+	}
+	return append(env, gangv1.EnvRole+"="+role, gangv1.EnvRoleRank+"="+strconv.Itoa(roleRank), gangv1.EnvRoleSize+"="+strconv.Itoa(roleSize)), nil
 }

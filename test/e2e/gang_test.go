@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,6 +102,32 @@ func TestGangPlacement(t *testing.T) {
 			t.Errorf("ranks %v: want 16 distinct", ranks)
 		}
 		t.Logf("16 members run on %v in %s, IMEX channel %d", g.Status.Nodes, g.Status.Domain, channel)
+	})
+
+	t.Run("ASpreadGangRunsOneMemberPerTrayWhereAPackedOneWouldShareATray", func(t *testing.T) {
+		const ns = "spread"
+		c.newNamespace(ctx, t, ns)
+		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
+		noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "spread-domain"), metav1.CreateOptions{})))
+		// Packed, three one-GPU members would share tray-b1 (clique B is the
+		// smallest that fits); at most one per host, they need clique A.
+		g := labelGang(ns, "spread", 3, "spread-domain")
+		g.Spec.Placement = &gangv1.Placement{Policy: gangv1.PolicySpread, TopologyKey: corev1.LabelHostname, MaxPerValue: 1}
+		t.Cleanup(func() { c.deleteGangAndMembers(context.WithoutCancel(ctx), t, gs, ns, "spread") })
+		gs.create(ctx, t, g)
+		c.createMembers(ctx, t, ns, "spread", "one-gpu", "spread-domain", 3)
+		pods := c.waitAllRunning(ctx, t, ns, "gang=spread", 3, 3*time.Minute)
+		nodes := map[string]bool{}
+		for _, p := range pods {
+			nodes[p.Spec.NodeName] = true
+		}
+		if len(nodes) != 3 || nodes["tray-b1"] {
+			t.Errorf("members run on %v, want three distinct trays of clique A", nodes)
+		}
+		g = gs.waitCondition(ctx, t, ns, "spread", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+		if reason := conditionReason(g, gangv1.ConditionPlaced); reason != gangv1.ReasonPlaced || !strings.HasPrefix(g.Status.Domain, poolA+"/") {
+			t.Errorf("gang placed in %q with reason %s, want %s and %s:\n%s", g.Status.Domain, reason, poolA, gangv1.ReasonPlaced, describeConditions(g))
+		}
 	})
 
 	t.Run("GangThatCannotFitHoldsNothingWhileSmallerWorkSchedulesAndStartsWhenCapacityFrees", func(t *testing.T) {

@@ -34,6 +34,17 @@ func (g *Gang) DeepCopyObject() runtime.Object { return g.DeepCopy() }
 func (s *GangSpec) DeepCopyInto(out *GangSpec) {
 	*out = *s
 	s.Selector.DeepCopyInto(&out.Selector)
+	if s.Placement != nil {
+		p := *s.Placement
+		out.Placement = &p
+	}
+	if s.Roles != nil {
+		out.Roles = make([]Role, len(s.Roles))
+		for i := range s.Roles {
+			out.Roles[i] = s.Roles[i]
+			s.Roles[i].Selector.DeepCopyInto(&out.Roles[i].Selector)
+		}
+	}
 }
 
 // DeepCopyInto copies s into out.

@@ -51,6 +51,14 @@ const (
 	AnnotationSize = Group + "/size"
 	// AnnotationRank is the member's rank, 0 to size-1.
 	AnnotationRank = Group + "/rank"
+	// AnnotationRole is the member's role (spec.roles[].name); absent in a
+	// gang without roles.
+	AnnotationRole = Group + "/role"
+	// AnnotationRoleRank is the member's rank within its role, 0 to the
+	// role's size-1.
+	AnnotationRoleRank = Group + "/role-rank"
+	// AnnotationRoleSize is the size of the member's role.
+	AnnotationRoleSize = Group + "/role-size"
 )
 
 // UncommittedPlacement is the value of AnnotationUncommitted: a placement's
@@ -77,6 +85,11 @@ const (
 	EnvGang     = "TESSERA_GANG"
 	EnvGangSize = "TESSERA_GANG_SIZE"
 	EnvGangRank = "TESSERA_GANG_RANK"
+	// EnvRole, EnvRoleRank and EnvRoleSize: the member's role, its rank
+	// within the role and the role's size, in gangs with roles.
+	EnvRole     = "TESSERA_GANG_ROLE"
+	EnvRoleRank = "TESSERA_GANG_ROLE_RANK"
+	EnvRoleSize = "TESSERA_GANG_ROLE_SIZE"
 	EnvDomain   = "TESSERA_DOMAIN"
 	EnvChannel  = "TESSERA_DOMAIN_CHANNEL"
 )
@@ -113,6 +126,73 @@ type GangSpec struct {
 	// domain's channel. Optional: without it the gang is still placed inside
 	// one domain, without a channel. At most 256 members can share it.
 	DomainClaimName string `json:"domainClaimName,omitempty"`
+	// Placement says how the members are laid out over the domain's nodes.
+	// Optional: pack.
+	Placement *Placement `json:"placement,omitempty"`
+	// Roles divide the members into named groups (a launcher and its
+	// workers; prefill and decode), each picked by its own selector among
+	// the gang's members, with its own size and so its own claims. All
+	// roles are placed together, all or nothing, in one domain. Size is
+	// the sum of the roles' sizes. Ranks follow the roles' order (the
+	// first role's members get the lowest ranks), and so does eviction:
+	// the last role's members are evicted first, the first role's last.
+	// Optional; not with podGroupName.
+	Roles []Role `json:"roles,omitempty"`
+}
+
+// PlacementPolicy is how members are laid out inside a domain.
+type PlacementPolicy string
+
+const (
+	// PolicyPack places members on as few nodes as possible, in the
+	// smallest domain that fits (the default).
+	PolicyPack PlacementPolicy = "Pack"
+	// PolicySpread places at most MaxPerValue members on the nodes of any
+	// one value of TopologyKey (a node label): a failure of one value's
+	// nodes (a rack, a power domain, a host) takes at most MaxPerValue
+	// members.
+	PolicySpread PlacementPolicy = "Spread"
+)
+
+// Strength says whether a placement policy may be given up.
+type Strength string
+
+const (
+	// StrengthRequired: a gang the policy cannot be met for waits
+	// (Waiting/NoDomainFits), as one that does not fit.
+	StrengthRequired Strength = "Required"
+	// StrengthPreferred: the policy is met where any domain allows it;
+	// else the gang is placed anyway, as evenly as the nodes allow, and
+	// the Placed condition says the policy was not met.
+	StrengthPreferred Strength = "Preferred"
+)
+
+// Placement is a gang's placement policy.
+type Placement struct {
+	// Policy: Pack (default) or Spread.
+	Policy PlacementPolicy `json:"policy,omitempty"`
+	// TopologyKey is the node label whose values Spread spreads over (e.g.
+	// a rack label, or kubernetes.io/hostname for one member per node).
+	// Required with Spread. With Required strength, nodes without the
+	// label are not used.
+	TopologyKey string `json:"topologyKey,omitempty"`
+	// MaxPerValue is the most members on the nodes of one value of
+	// TopologyKey. Required with Spread, at least 1.
+	MaxPerValue int32 `json:"maxPerValue,omitempty"`
+	// Strength: Required (default) or Preferred.
+	Strength Strength `json:"strength,omitempty"`
+}
+
+// Role is a named group of a gang's members.
+type Role struct {
+	// Name names the role (a DNS label): members see it in
+	// TESSERA_GANG_ROLE.
+	Name string `json:"name"`
+	// Size is how many members the role has.
+	Size int32 `json:"size"`
+	// Selector picks the role's members among the gang's (e.g. the
+	// job-name of the role's Job). Every member matches exactly one role.
+	Selector metav1.LabelSelector `json:"selector"`
 }
 
 // GangStatus is what the controller last observed and did.
@@ -162,6 +242,9 @@ const (
 	ReasonConflict         = "AllocationConflict"
 	ReasonNone             = "None"
 	ReasonPlacementPending = "PlacementPending"
+	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
+	// not be met (the Placed condition's message says where).
+	ReasonPolicyNotMet = "PlacementPolicyNotMet"
 )
 
 // GangList is a list of gangs.

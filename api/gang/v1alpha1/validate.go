@@ -6,12 +6,122 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Members picks a gang's pods, by label selector or by PodGroup.
+// Members picks a gang's pods, by label selector or by PodGroup, and sorts
+// them into the gang's roles.
 type Members struct {
 	selector labels.Selector
 	podGroup string
+	roles    []labels.Selector
+}
+
+// RoleOf is the index (in spec.roles) of the role member p belongs to: -1 in
+// a gang without roles, an error naming the pod when it matches no role or
+// more than one.
+func (m Members) RoleOf(p *corev1.Pod, roles []Role) (int, error) {
+	if len(m.roles) == 0 {
+		return -1, nil
+	}
+	found := -1
+	for i, sel := range m.roles {
+		if !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		if found >= 0 {
+			return -1, fmt.Errorf("member %s/%s matches the selectors of roles %s and %s: make the roles' selectors pick disjoint pods", p.Namespace, p.Name, roles[found].Name, roles[i].Name)
+		}
+		found = i
+	}
+	if found < 0 {
+		return -1, fmt.Errorf("member %s/%s matches no role's selector: give it the labels of one role (spec.roles[].selector), or leave it out of spec.selector", p.Namespace, p.Name)
+	}
+	return found, nil
+}
+
+// PlacementOf is the gang's placement policy with its defaults filled in.
+func PlacementOf(s *GangSpec) Placement {
+	var p Placement
+	if s.Placement != nil {
+		p = *s.Placement
+	}
+	if p.Policy == "" {
+		p.Policy = PolicyPack
+	}
+	if p.Strength == "" {
+		p.Strength = StrengthRequired
+	}
+	return p
+}
+
+// validatePlacement checks spec.placement.
+func validatePlacement(p *Placement) error {
+	if p == nil {
+		return nil
+	}
+	switch p.Strength {
+	case "", StrengthRequired, StrengthPreferred:
+	default:
+		return fmt.Errorf("spec.placement.strength %q: want %s or %s (default %s)", p.Strength, StrengthRequired, StrengthPreferred, StrengthRequired)
+	}
+	switch p.Policy {
+	case "", PolicyPack:
+		if p.TopologyKey != "" || p.MaxPerValue != 0 {
+			return fmt.Errorf("spec.placement.topologyKey and maxPerValue apply to policy %s only: set policy: %s, or drop them to pack", PolicySpread, PolicySpread)
+		}
+	case PolicySpread:
+		if p.TopologyKey == "" {
+			return fmt.Errorf("spec.placement.topologyKey is empty: policy %s needs the node label to spread over (e.g. a rack label, or kubernetes.io/hostname)", PolicySpread)
+		}
+		if errs := validation.IsQualifiedName(p.TopologyKey); len(errs) > 0 {
+			return fmt.Errorf("spec.placement.topologyKey %q is not a label key: %s", p.TopologyKey, errs[0])
+		}
+		if p.MaxPerValue < 1 {
+			return fmt.Errorf("spec.placement.maxPerValue %d: policy %s needs at least 1 (the most members on the nodes of one value of %s)", p.MaxPerValue, PolicySpread, p.TopologyKey)
+		}
+	default:
+		return fmt.Errorf("spec.placement.policy %q: want %s (default: the smallest domain, fewest nodes) or %s (at most maxPerValue members per value of topologyKey)", p.Policy, PolicyPack, PolicySpread)
+	}
+	return nil
+}
+
+// validateRoles checks spec.roles and compiles their selectors.
+func validateRoles(g *Gang) ([]labels.Selector, error) {
+	if len(g.Spec.Roles) == 0 {
+		return nil, nil
+	}
+	if g.Spec.PodGroupName != "" {
+		return nil, fmt.Errorf("spec.roles with spec.podGroupName: a PodGroup's gang has no roles; pick the members with spec.selector instead")
+	}
+	var sels []labels.Selector
+	seen := map[string]bool{}
+	var sum int32
+	for i, r := range g.Spec.Roles {
+		if errs := validation.IsDNS1123Label(r.Name); len(errs) > 0 {
+			return nil, fmt.Errorf("spec.roles[%d].name %q: %s", i, r.Name, errs[0])
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("spec.roles[%d].name %q: another role has that name; give each role its own", i, r.Name)
+		}
+		seen[r.Name] = true
+		if r.Size < 1 {
+			return nil, fmt.Errorf("spec.roles[%d] (%s).size %d: want at least 1", i, r.Name, r.Size)
+		}
+		sum += r.Size
+		sel, err := metav1.LabelSelectorAsSelector(&r.Selector)
+		if err != nil {
+			return nil, fmt.Errorf("spec.roles[%d] (%s).selector: %w", i, r.Name, err)
+		}
+		if sel.Empty() {
+			return nil, fmt.Errorf("spec.roles[%d] (%s).selector is empty and would pick every member: select the role's pods by a label (e.g. the job-name of the role's Job)", i, r.Name)
+		}
+		sels = append(sels, sel)
+	}
+	if sum != g.Spec.Size {
+		return nil, fmt.Errorf("spec.size %d is not the sum of the roles' sizes (%d): set spec.size to %d", g.Spec.Size, sum, sum)
+	}
+	return sels, nil
 }
 
 // Matches says whether the pod (of the gang's namespace) is a member.
@@ -31,6 +141,13 @@ func Validate(g *Gang) (Members, error) {
 	if g.Spec.DomainClaimName != "" && g.Spec.Size > MaxSizeWithDomainClaim {
 		return Members{}, fmt.Errorf("gang %s/%s: spec.size %d with spec.domainClaimName: a claim is reserved for at most %d pods; leave domainClaimName empty for a larger gang (it is still placed in one domain, without a channel)", g.Namespace, g.Name, g.Spec.Size, MaxSizeWithDomainClaim)
 	}
+	if err := validatePlacement(g.Spec.Placement); err != nil {
+		return Members{}, fmt.Errorf("gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	roles, err := validateRoles(g)
+	if err != nil {
+		return Members{}, fmt.Errorf("gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
 	sel, err := metav1.LabelSelectorAsSelector(&g.Spec.Selector)
 	if err != nil {
 		return Members{}, fmt.Errorf("gang %s/%s: spec.selector: %w", g.Namespace, g.Name, err)
@@ -43,5 +160,5 @@ func Validate(g *Gang) (Members, error) {
 	case sel.Empty():
 		return Members{}, fmt.Errorf("gang %s/%s: spec.selector is empty and would select every pod of the namespace; select the members by a label (e.g. job-name), or name a PodGroup (spec.podGroupName)", g.Namespace, g.Name)
 	}
-	return Members{selector: sel}, nil
+	return Members{selector: sel, roles: roles}, nil
 }

@@ -1,0 +1,89 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func gangWith(size int32, p *Placement, roles ...Role) *Gang {
+	return &Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ml"},
+		Spec: GangSpec{Size: size, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}},
+			Placement: p, Roles: roles},
+	}
+}
+
+func role(name string, size int32) Role {
+	return Role{Name: name, Size: size, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"role": name}}}
+}
+
+// Every invalid placement policy or role list is refused with the field and
+// what to write instead.
+func TestValidateNamesTheFieldAndTheFixOfPoliciesAndRoles(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		g    *Gang
+		want string // "" for valid
+	}{
+		{"no policy", gangWith(2, nil), ""},
+		{"pack", gangWith(2, &Placement{Policy: PolicyPack}), ""},
+		{"spread", gangWith(2, &Placement{Policy: PolicySpread, TopologyKey: "example.com/rack", MaxPerValue: 1, Strength: StrengthPreferred}), ""},
+		{"unknown policy", gangWith(2, &Placement{Policy: "Scatter"}), `spec.placement.policy "Scatter": want Pack`},
+		{"unknown strength", gangWith(2, &Placement{Strength: "Soft"}), `spec.placement.strength "Soft": want Required or Preferred`},
+		{"spread without key", gangWith(2, &Placement{Policy: PolicySpread, MaxPerValue: 1}), "spec.placement.topologyKey is empty"},
+		{"spread with a bad key", gangWith(2, &Placement{Policy: PolicySpread, TopologyKey: "no spaces", MaxPerValue: 1}), `spec.placement.topologyKey "no spaces" is not a label key`},
+		{"spread without max", gangWith(2, &Placement{Policy: PolicySpread, TopologyKey: "rack"}), "spec.placement.maxPerValue 0: policy Spread needs at least 1"},
+		{"pack with a key", gangWith(2, &Placement{TopologyKey: "rack"}), "apply to policy Spread only"},
+		{"roles", gangWith(5, nil, role("launcher", 1), role("workers", 4)), ""},
+		{"roles not summing to size", gangWith(4, nil, role("launcher", 1), role("workers", 4)), "spec.size 4 is not the sum of the roles' sizes (5): set spec.size to 5"},
+		{"role without members", gangWith(1, nil, role("launcher", 1), role("workers", 0)), "spec.roles[1] (workers).size 0: want at least 1"},
+		{"role named twice", gangWith(2, nil, role("w", 1), role("w", 1)), `spec.roles[1].name "w": another role has that name`},
+		{"role name not a label", gangWith(1, nil, role("Workers", 1)), `spec.roles[0].name "Workers"`},
+		{"role selecting everything", gangWith(1, nil, Role{Name: "w", Size: 1}), "spec.roles[0] (w).selector is empty"},
+		{"roles of a PodGroup", &Gang{Spec: GangSpec{Size: 1, PodGroupName: "pg", Roles: []Role{role("w", 1)}}}, "spec.roles with spec.podGroupName"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Validate(tc.g)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRoleOfSortsMembersIntoExactlyOneRole(t *testing.T) {
+	g := gangWith(3, nil, role("launcher", 1), Role{Name: "workers", Size: 2, Selector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "role", Operator: metav1.LabelSelectorOpIn, Values: []string{"workers", "both"}}}}})
+	m, err := Validate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(role string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p-" + role, Namespace: "ml", Labels: map[string]string{"app": "train", "role": role}}}
+	}
+	if i, err := m.RoleOf(pod("workers"), g.Spec.Roles); i != 1 || err != nil {
+		t.Errorf("a worker: role %d, %v; want 1", i, err)
+	}
+	if i, err := m.RoleOf(pod("launcher"), g.Spec.Roles); i != 0 || err != nil {
+		t.Errorf("the launcher: role %d, %v; want 0", i, err)
+	}
+	if _, err := m.RoleOf(pod("none"), g.Spec.Roles); err == nil || !strings.Contains(err.Error(), "matches no role") {
+		t.Errorf("a member of no role: %v", err)
+	}
+	g.Spec.Roles[0].Selector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}
+	if m, err = Validate(g); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.RoleOf(pod("workers"), g.Spec.Roles); err == nil || !strings.Contains(err.Error(), "roles launcher and workers") {
+		t.Errorf("a member of two roles: %v", err)
+	}
+	plain, _ := Validate(gangWith(1, nil))
+	if i, err := plain.RoleOf(pod("x"), nil); i != -1 || err != nil {
+		t.Errorf("a gang without roles: %d, %v; want -1", i, err)
+	}
+}
