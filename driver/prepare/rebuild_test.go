@@ -128,12 +128,7 @@ func TestCorruptCheckpointKeepsTheMPSDaemonOfASpecWithoutARecord(t *testing.T) {
 	if _, err := e.start().Prepare(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	store, err := cdi.NewStore(e.cdiDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dropRecord(t, store.Path(string(c.UID)))
-	writeJunk(t, e.dataDir)
+	loseCheckpointOfEarlierRelease(t, e, string(c.UID))
 
 	m := e.start()
 	got, ok := m.PreparedClaims()[c.UID]
@@ -146,6 +141,20 @@ func TestCorruptCheckpointKeepsTheMPSDaemonOfASpecWithoutARecord(t *testing.T) {
 	if got := mps.Running(); len(got) != 0 {
 		t.Errorf("MPS daemons left running after unprepare: %v", got)
 	}
+}
+
+// loseCheckpointOfEarlierRelease makes the claims' specs as an earlier
+// release wrote them (no record) and corrupts the checkpoint.
+func loseCheckpointOfEarlierRelease(t *testing.T, e *env, uids ...string) {
+	t.Helper()
+	store, err := cdi.NewStore(e.cdiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range uids {
+		dropRecord(t, store.Path(uid))
+	}
+	writeJunk(t, e.dataDir)
 }
 
 // dropRecord rewrites a CDI spec as releases before the claim record wrote
@@ -180,12 +189,7 @@ func TestASpecWithoutARecordRebuildsItsPartitionByItsUUID(t *testing.T) {
 	if _, err := e.start().Prepare(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	store, err := cdi.NewStore(e.cdiDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dropRecord(t, store.Path(string(c.UID)))
-	writeJunk(t, e.dataDir)
+	loseCheckpointOfEarlierRelease(t, e, string(c.UID))
 
 	m := e.start()
 	if err := m.Unprepare(ctx, c.UID); err != nil {
@@ -212,14 +216,7 @@ func TestSpecsWithoutARecordNamingOneDeviceRebuildNoOwner(t *testing.T) {
 	if _, err := m.Prepare(ctx, monitor); err != nil {
 		t.Fatal(err)
 	}
-	store, err := cdi.NewStore(e.cdiDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, uid := range []string{"uid-holder", "uid-monitor"} {
-		dropRecord(t, store.Path(uid))
-	}
-	writeJunk(t, e.dataDir)
+	loseCheckpointOfEarlierRelease(t, e, "uid-holder", "uid-monitor")
 
 	m = e.start()
 	for uid, c := range m.PreparedClaims() {

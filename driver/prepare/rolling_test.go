@@ -161,6 +161,16 @@ func TestTheStaleSweepUnpreparesOnlyAClaimAsItSawIt(t *testing.T) {
 	}
 }
 
+// newGatedRollingEnv is a rolling update's DGX H100 whose MPS daemons start
+// when the test lets them.
+func newGatedRollingEnv(t *testing.T) (*env, *gatedMPS) {
+	e := newEnv(t, "dgx-h100")
+	e.rolling = true
+	mps := &gatedMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}, starting: make(chan struct{}), serve: make(chan struct{})}
+	e.mps = mps
+	return e, mps
+}
+
 // startGatedPrepare runs m.Prepare(c) until its MPS daemon's start waits,
 // and returns what the prepare returns once the gate opens.
 func startGatedPrepare(t *testing.T, m *prepare.Manager, mps *gatedMPS, c *resourceapi.ResourceClaim) <-chan error {
@@ -187,10 +197,7 @@ func startGatedPrepare(t *testing.T, m *prepare.Manager, mps *gatedMPS, c *resou
 // or daemon.
 func TestAPrepareAnEarlierReleaseRolledBackMeanwhileIsNotMarkedCompleted(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, "dgx-h100")
-	e.rolling = true
-	mps := &gatedMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}, starting: make(chan struct{}), serve: make(chan struct{})}
-	e.mps = mps
+	e, mps := newGatedRollingEnv(t)
 	m := e.start()
 	c := withConfig(claim("train", "gpu-2-mig-1g10gb-6"), driverName, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`)
 	errc := startGatedPrepare(t, m, mps, c)
@@ -260,10 +267,7 @@ func TestAPrepareAnEarlierReleaseRolledBackMeanwhileIsNotMarkedCompleted(t *test
 // claims hold, and undoes what it made.
 func TestAPrepareARebuildLostMeanwhileDoesNotShareItsGPU(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, "dgx-h100")
-	e.rolling = true
-	mps := &gatedMPS{fakeMPS: &fakeMPS{dir: t.TempDir()}, starting: make(chan struct{}), serve: make(chan struct{})}
-	e.mps = mps
+	e, mps := newGatedRollingEnv(t)
 	m := e.start()
 	first := gpuConfig(claim("first", "gpu-3"), `"sharing":{"strategy":"MPS"}`)
 	errc := startGatedPrepare(t, m, mps, first)
