@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -40,6 +41,11 @@ type Node struct {
 	HostRoot string
 	// DriverRoot holds the NVIDIA user-space driver (libraries, tools).
 	DriverRoot string
+	// HostDriverRoot is DriverRoot as the host (its container runtime)
+	// sees it; empty means the same path. It differs where the plugin's
+	// container mounts the host's driver root elsewhere (the chart mounts
+	// it at /driver-root).
+	HostDriverRoot string
 	// Profile names the fake node profile, empty on real hardware.
 	Profile string
 }
@@ -54,6 +60,19 @@ func (n *Node) DevRoot() string {
 		return n.DriverRoot
 	}
 	return n.HostRoot
+}
+
+// OnHost is the host's path of p, a path this process sees: paths under
+// the driver root are moved to the host's driver root (HostDriverRoot).
+func (n *Node) OnHost(p string) string {
+	if n.HostDriverRoot == "" || n.HostDriverRoot == n.DriverRoot {
+		return p
+	}
+	rel, err := filepath.Rel(n.DriverRoot, p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return p
+	}
+	return filepath.Join(n.HostDriverRoot, rel)
 }
 
 // Close shuts NVML down.

@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/domain"
+	"github.com/tessera-dev/tessera/driver/driverfiles"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/health"
@@ -120,7 +121,12 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
-	driverFiles, err := cdi.FindDriverFiles(node.DriverRoot)
+	dev.HostDevRoot = node.OnHost(dev.DevRoot)
+	var version string
+	if len(gpus) > 0 {
+		version = gpus[0].DriverVersion
+	}
+	driverFiles, err := driverfiles.Find(ctx, driverfiles.Options{Root: node.DriverRoot, HostRoot: node.OnHost(node.DriverRoot), Version: version, Hook: o.CDIHook})
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +137,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		shared = nodelock.New(o.PluginDataDir)
 	}
 	var daemons prepare.MPSDaemons
-	mpsDaemons := o.mpsDaemons(client, node.DriverRoot)
+	mpsDaemons := o.mpsDaemons(client, node.OnHost(node.DriverRoot))
 	if mpsDaemons != nil {
 		daemons = mpsDaemons
 	}
@@ -141,7 +147,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
-		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
+		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverEdits: driverFiles.Edits, BootID: bootID,
 		Settings: gpuset.New(node.NVML), MPS: daemons,
 		ClaimEnv: domain.MemberEnv, Shared: shared,
 	})

@@ -442,6 +442,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 	var visible []string
 	uuids := make([]string, len(out))
 	seen := map[string]bool{}
+	var served []inventory.Device // what the driver files are chosen for
 	for i := range out {
 		d := &out[i]
 		if seen[d.Device] {
@@ -452,6 +453,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer published on this node", d.Device)
 		}
+		served = append(served, inv)
 		record := func() error { return m.recordPartitions(ctx, claim.UID, out) }
 		dev, uuid, err := m.containerDevice(inv, d, earlierPartition(earlier, *d), record)
 		if err != nil {
@@ -477,10 +479,15 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		}
 		env = append(env, extra...)
 	}
+	driver, err := m.driverEdits(served)
+	if err != nil {
+		return nil, err
+	}
 	spec.Common = cdi.Edits{
 		DeviceNodes: m.cfg.DevNodes.Control(),
 		Env:         env,
-		Mounts:      m.cfg.DriverFiles.Mounts,
+		Mounts:      driver.Mounts,
+		Hooks:       driver.Hooks,
 	}
 	if mps != nil {
 		d := MPSDaemon{MPSDaemon: *daemon, ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}

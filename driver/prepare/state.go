@@ -120,6 +120,10 @@ type Config struct {
 	// DriverFiles are the driver's libraries and tools, mounted into every
 	// container that gets a GPU.
 	DriverFiles cdi.Edits
+	// DriverEdits, if set, gives each claim the driver files (and hook)
+	// for what its devices can do, instead of DriverFiles
+	// (driverfiles.go).
+	DriverEdits DriverEdits
 	// BootID is the current boot's ID.
 	BootID string
 	// Settings changes GPU settings claims need (compute mode, power
