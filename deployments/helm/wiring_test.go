@@ -172,6 +172,15 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 			if o.Node.HostDriverRoot != root || !mountedReadOnly(pod, ctr, root, o.Node.DriverRoot) {
 				t.Errorf("%s: the host's driver root %q is not mounted read-only at --driver-root %q with --host-driver-root %q naming it", c.Name, root, o.Node.DriverRoot, o.Node.HostDriverRoot)
 			}
+			// Its dev/ is writable: on-demand device nodes are made there.
+			if !slices.ContainsFunc(ctr.VolumeMounts, func(m corev1.VolumeMount) bool {
+				return m.MountPath == filepath.Join(o.Node.DriverRoot, "dev") && !m.ReadOnly &&
+					slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+						return v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == filepath.Join(root, "dev")
+					})
+			}) {
+				t.Errorf("%s: the host's %s is not mounted writable at %s", c.Name, filepath.Join(root, "dev"), filepath.Join(o.Node.DriverRoot, "dev"))
+			}
 		}
 		if install := one(t, c.Name, pod.InitContainers); !slices.Equal(install.Command, []string{"tessera-cdi-hook", "install", o.CDIHook}) || !slices.ContainsFunc(install.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == o.PluginDataDir }) {
 			t.Errorf("%s: init container %s %v does not install the hook at --cdi-hook %s", c.Name, install.Name, install.Command, o.CDIHook)

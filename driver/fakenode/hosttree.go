@@ -69,9 +69,6 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 	if err := mkfile(filepath.Join(dir, "proc", "driver", "nvidia-caps", "mig-minors"), migMinors(), 0o444); err != nil {
 		return err
 	}
-	if err := writeIMEXChannels(dir, p); err != nil {
-		return err
-	}
 	return InstallDriver(dir, p.GPU.LibDir, p.DriverVersion)
 }
 

@@ -48,6 +48,9 @@ type Node struct {
 	HostDriverRoot string
 	// Profile names the fake node profile, empty on real hardware.
 	Profile string
+	// Nodes makes device nodes the driver creates only on demand (MIG
+	// capability and IMEX channel nodes) under DevRoot.
+	Nodes NodeMaker
 }
 
 // SysfsRoot is where PCI topology is read from.
@@ -103,7 +106,7 @@ func OpenReal(driverRoot string) (*Node, error) {
 		}
 		return nil, fmt.Errorf("initialise NVML: %w", Error(ret))
 	}
-	return &Node{NVML: lib, HostRoot: "/", DriverRoot: driverRoot}, nil
+	return &Node{NVML: lib, HostRoot: "/", DriverRoot: driverRoot, Nodes: Mknod{}}, nil
 }
 
 // libDirs are where distributions install the NVIDIA user-space libraries.

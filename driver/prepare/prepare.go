@@ -382,6 +382,8 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Cl
 	logger := klog.FromContext(ctx)
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
 		logger.Error(err, "Rolling back a failed prepare: CDI spec left behind; it is removed at the next start", "uid", uid)
+	} else if err := m.cfg.HostNodes.Release(ctx, string(uid)); err != nil {
+		logger.Error(err, "Rolling back a failed prepare: device nodes left behind; they are removed at the next start", "uid", uid)
 	}
 	if err := m.stopMPS(ctx, rec); err != nil {
 		logger.Error(err, "Rolling back a failed prepare: MPS daemon left behind; it is removed at the next start", "uid", uid)
@@ -512,6 +514,9 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 	failpoint(fpCDIWrite)
+	if err := m.ensureHostNodes(ctx, claim.UID, spec); err != nil {
+		return nil, err
+	}
 	for i := range out {
 		out[i].CDIDeviceIDs = []string{ids[out[i].Device]}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/driverfiles"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/gpuset"
+	"github.com/tessera-dev/tessera/driver/hostnodes"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/nodelock"
@@ -97,7 +98,8 @@ func (e *env) config() prepare.Config {
 	}
 	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
 	cfg := prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverEdits: files.Edits, BootID: e.bootID,
-		Settings: gpuset.New(e.node.NVML), MPS: e.mps}
+		HostNodes: &hostnodes.Nodes{Dir: filepath.Join(e.dataDir, "device-nodes"), Maker: e.node.Nodes, DevRoot: dev.DevRoot},
+		Settings:  gpuset.New(e.node.NVML), MPS: e.mps}
 	if e.rolling {
 		cfg.Shared = nodelock.New(e.dataDir)
 	}
