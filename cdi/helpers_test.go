@@ -25,17 +25,6 @@ func writeFile(t *testing.T, root, rel string) {
 	}
 }
 
-// symlink creates root/rel -> target (parent dirs too).
-func symlink(t *testing.T, root, rel, target string) {
-	t.Helper()
-	p := filepath.Join(root, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(target, p); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // driverEdits are driver mounts and a hook as driver/driverfiles makes
 // them, written out here: this package only carries them.
