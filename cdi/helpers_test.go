@@ -25,7 +25,6 @@ func writeFile(t *testing.T, root, rel string) {
 	}
 }
 
-
 // driverEdits are driver mounts and a hook as driver/driverfiles makes
 // them, written out here: this package only carries them.
 func driverEdits(root string) Edits {
