@@ -116,6 +116,14 @@ func (r *Resolver) Control() []cdi.DeviceNode {
 	return out
 }
 
+// modesetMinor is /dev/nvidia-modeset's minor number.
+const modesetMinor = 254
+
+// Modeset is the display mode-setting node graphics containers need.
+func (r *Resolver) Modeset() cdi.DeviceNode {
+	return r.node("/dev/nvidia-modeset", NvidiaMajor, modesetMinor)
+}
+
 // node prefers the numbers of a real device node on the host and falls back on
 // the expected ones (fake nodes use regular files).
 func (r *Resolver) node(path string, major, minor int64) cdi.DeviceNode {

@@ -57,7 +57,7 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 			return err
 		}
 	}
-	for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} {
+	for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} {
 		if err := mkfile(filepath.Join(dir, "dev", n), "", 0o666); err != nil {
 			return err
 		}

@@ -192,3 +192,40 @@ func TestGangMembersShareTheirIMEXChannelNode(t *testing.T) {
 		t.Error("channel3 outlived the gang's last member on the node")
 	}
 }
+
+// TestGraphicsOnlyWhenTheClaimAsks: a claim whose GpuConfig asks for
+// graphics gets the OpenGL/EGL libraries and /dev/nvidia-modeset; one that
+// does not, neither.
+func TestGraphicsOnlyWhenTheClaimAsks(t *testing.T) {
+	e := newEnv(t, "pcie-l4x4")
+	m := e.start()
+	lib := "/" + e.node.Profile.GPU.LibDir + "/"
+	for _, tc := range []struct {
+		name   string
+		claim  *resourceapi.ResourceClaim
+		wanted bool
+	}{
+		{"compute", claim("compute", "gpu-0"), false},
+		{"graphics", withConfig(claim("graphics", "gpu-1"), driverName, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","graphics":true}`), true},
+		{"graphics off", withConfig(claim("off", "gpu-2"), driverName, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","graphics":false}`), false},
+	} {
+		devs, err := m.Prepare(context.Background(), tc.claim)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		spec := inject(t, e.cdiDir, devs[0].CDIDeviceIDs...)
+		var mounts, nodes []string
+		for _, mt := range spec.Mounts {
+			mounts = append(mounts, mt.Destination)
+		}
+		for _, d := range spec.Linux.Devices {
+			nodes = append(nodes, fmt.Sprintf("%s %d:%d", d.Path, d.Major, d.Minor))
+		}
+		if got := slices.Contains(mounts, lib+"libGLX_nvidia.so.0") && slices.Contains(mounts, lib+"libnvidia-glcore.so."+e.node.Profile.DriverVersion); got != tc.wanted {
+			t.Errorf("%s: graphics libraries mounted %v, want %v", tc.name, got, tc.wanted)
+		}
+		if got := slices.Contains(nodes, "/dev/nvidia-modeset 195:254"); got != tc.wanted {
+			t.Errorf("%s: /dev/nvidia-modeset %v, want %v: %v", tc.name, got, tc.wanted, nodes)
+		}
+	}
+}

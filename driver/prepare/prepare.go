@@ -481,12 +481,12 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		}
 		env = append(env, extra...)
 	}
-	driver, err := m.driverEdits(served)
+	driver, err := m.driverEdits(claim, served)
 	if err != nil {
 		return nil, err
 	}
 	spec.Common = cdi.Edits{
-		DeviceNodes: m.cfg.DevNodes.Control(),
+		DeviceNodes: append(m.cfg.DevNodes.Control(), driver.DeviceNodes...),
 		Env:         env,
 		Mounts:      driver.Mounts,
 		Hooks:       driver.Hooks,
