@@ -158,6 +158,9 @@ func writeConf(root string, dirs []string) error {
 // when the image has none.
 func updateCache(root string, entries []ldcache.Entry) error {
 	rel, err := inroot.ResolveParent(root, cacheFile)
+	if inroot.Absent(err) {
+		return nil // no /etc: an image without a glibc loader (scratch, static)
+	}
 	if err != nil {
 		return fmt.Errorf("%s in the container: %w", cacheFile, err)
 	}

@@ -181,6 +181,30 @@ func TestLinksInTheImageCannotLeadOut(t *testing.T) {
 	}
 }
 
+// TestAnImageWithoutEtcGetsTheLinksAlone: a scratch image has no loader
+// cache to update; its container still starts, with the links.
+func TestAnImageWithoutEtcGetsTheLinksAlone(t *testing.T) {
+	bundle := t.TempDir()
+	root := filepath.Join(bundle, "rootfs")
+	mkdir(t, filepath.Join(root, "usr/lib64"))
+	if err := os.WriteFile(filepath.Join(root, "usr/lib64/libcuda.so."+version), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	config, _ := json.Marshal(oci.Spec{Root: &oci.Root{Path: "rootfs"}})
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), config, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := cdihook.Main(hookArgs, state(t, bundle)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "usr/lib64/libcuda.so.1")); err != nil {
+		t.Errorf("no link: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "etc")); err == nil {
+		t.Error("the hook made /etc in an image that has none")
+	}
+}
+
 func TestBadInvocationsFail(t *testing.T) {
 	bundle, _ := image(t)
 	for name, args := range map[string][]string{
