@@ -5,7 +5,9 @@
 # NVML is not in the image: go-nvml loads libnvidia-ml.so.1 at run time from
 # the node's driver root (--driver-root), so one image serves every driver
 # version. The base has glibc for it (and for the MPS control daemon the
-# plugin runs from the driver root in this image).
+# plugin runs from the driver root in this image). tessera-cdi-hook, the CDI
+# specs' createContainer hook, is copied onto each node by the kubelet
+# plugin's init container: the container runtime runs it on the host.
 ARG GO_VERSION=1.26
 FROM golang:${GO_VERSION} AS build
 WORKDIR /src
@@ -17,7 +19,8 @@ ARG VERSION=dev
 # grpcnotrace: see the Makefile (the binaries are a third smaller without it).
 RUN CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations \
     go build -tags=grpcnotrace -trimpath -ldflags="-s -w" -o /out/ \
-    ./cmd/tessera ./cmd/tessera-kubelet-plugin ./cmd/tessera-controller ./cmd/tessera-webhook
+    ./cmd/tessera ./cmd/tessera-kubelet-plugin ./cmd/tessera-controller ./cmd/tessera-webhook \
+    ./cmd/tessera-cdi-hook
 
 FROM gcr.io/distroless/base-debian12
 LABEL org.opencontainers.image.source="https://github.com/tessera-dev/tessera" \

@@ -3,7 +3,6 @@ package cdi
 import (
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"testing"
 )
@@ -26,56 +25,23 @@ func writeFile(t *testing.T, root, rel string) {
 	}
 }
 
-// symlink creates root/rel -> target (parent dirs too).
-func symlink(t *testing.T, root, rel, target string) {
-	t.Helper()
-	p := filepath.Join(root, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(target, p); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// installDriver mimics a driver install in libDir of root: versioned files,
-// .so.1 links to them, a development link nobody mounts, an unrelated
-// library, two tools and the GSP firmware directory.
-func installDriver(t *testing.T, root, libDir string) {
-	t.Helper()
-	for _, lib := range []string{"libnvidia-ml", "libcuda", "libnvidia-ptxjitcompiler"} {
-		writeFile(t, root, libDir+"/"+lib+".so."+driverVersion)
-		symlink(t, root, libDir+"/"+lib+".so.1", lib+".so."+driverVersion)
-	}
-	symlink(t, root, libDir+"/libcuda.so", "libcuda.so.1")
-	writeFile(t, root, libDir+"/libnvidia-gpucomp.so."+driverVersion)
-	writeFile(t, root, libDir+"/libz.so.1")
-	writeFile(t, root, "usr/bin/nvidia-smi")
-	writeFile(t, root, "usr/bin/nvidia-cuda-mps-control")
-	writeFile(t, root, "usr/bin/bash")
-	writeFile(t, root, "lib/firmware/nvidia/"+driverVersion+"/gsp_ga10x.bin")
-}
-
-// installedMounts lists what FindDriverFiles must find for installDriver.
-func installedMounts(root, libDir string) []Mount {
-	paths := []string{
-		"/" + libDir + "/libcuda.so.1",
-		"/" + libDir + "/libcuda.so." + driverVersion,
-		"/" + libDir + "/libnvidia-gpucomp.so." + driverVersion,
-		"/" + libDir + "/libnvidia-ml.so.1",
-		"/" + libDir + "/libnvidia-ml.so." + driverVersion,
-		"/" + libDir + "/libnvidia-ptxjitcompiler.so.1",
-		"/" + libDir + "/libnvidia-ptxjitcompiler.so." + driverVersion,
+// driverEdits are driver mounts and a hook as driver/driverfiles makes
+// them, written out here: this package only carries them.
+func driverEdits(root string) Edits {
+	var e Edits
+	for _, p := range []string{
 		"/lib/firmware/nvidia/" + driverVersion,
-		"/usr/bin/nvidia-cuda-mps-control",
 		"/usr/bin/nvidia-smi",
+		"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+		"/usr/lib/x86_64-linux-gnu/libcuda.so." + driverVersion,
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + driverVersion,
+	} {
+		e.Mounts = append(e.Mounts, Mount{HostPath: root + p, ContainerPath: p})
 	}
-	slices.Sort(paths) // FindDriverFiles sorts by container path
-	var mounts []Mount
-	for _, p := range paths {
-		mounts = append(mounts, Mount{HostPath: root + p, ContainerPath: p})
-	}
-	return mounts
+	e.Hooks = []Hook{{Name: CreateContainer, Path: "/var/lib/kubelet/plugins/gpu.tessera.dev/bin/tessera-cdi-hook",
+		Args: []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"}}}
+	return e
 }
 
 // fakeNode creates a regular file standing in for a device node under devRoot
@@ -102,6 +68,7 @@ func gpuClaim(t *testing.T, uid, name, devRoot string, driver Edits, minors ...i
 			},
 			Env:    []string{"NVIDIA_VISIBLE_DEVICES=GPU-" + name},
 			Mounts: driver.Mounts,
+			Hooks:  driver.Hooks,
 		},
 	}
 	for _, m := range minors {

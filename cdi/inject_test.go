@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -63,11 +64,7 @@ var sorted = cmp.Options{
 func TestInjectionAsContainerdDoesIt(t *testing.T) {
 	devRoot := t.TempDir()
 	driverRoot := t.TempDir()
-	installDriver(t, driverRoot, "usr/lib/x86_64-linux-gnu")
-	driver, err := FindDriverFiles(driverRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	driver := driverEdits(driverRoot)
 	store := newStore(t)
 	idsA, err := store.Write(gpuClaim(t, uidA, "train-0", devRoot, driver, 0, 1))
 	if err != nil {
@@ -90,18 +87,21 @@ func TestInjectionAsContainerdDoesIt(t *testing.T) {
 		wantNodes []oci.LinuxDevice
 		wantRules []oci.LinuxDeviceCgroup
 		wantEnv   []string
+		claims    int // how many claims the devices come from
 	}{{
 		name:      "one device of a claim brings its node and the claim's common edits",
 		ids:       []string{idsA["gpu-0"]},
 		wantNodes: append(control, ociNode("/dev/nvidia0", 195, 0)),
 		wantRules: append(controlRules, ociRule(195, 0)),
 		wantEnv:   []string{"NVIDIA_VISIBLE_DEVICES=GPU-train-0", "TESSERA_GPU_0=train-0"},
+		claims:    1,
 	}, {
 		name:      "two devices of a claim apply the common edits once",
 		ids:       []string{idsA["gpu-0"], idsA["gpu-1"]},
 		wantNodes: append(control, ociNode("/dev/nvidia0", 195, 0), ociNode("/dev/nvidia1", 195, 1)),
 		wantRules: append(controlRules, ociRule(195, 0), ociRule(195, 1)),
 		wantEnv:   []string{"NVIDIA_VISIBLE_DEVICES=GPU-train-0", "TESSERA_GPU_0=train-0", "TESSERA_GPU_1=train-0"},
+		claims:    1,
 	}, {
 		// Node paths and mounts are de-duplicated by the library, cgroup
 		// rules are not (duplicates are harmless), and a claim-level env
@@ -112,6 +112,7 @@ func TestInjectionAsContainerdDoesIt(t *testing.T) {
 		wantNodes: append(control, ociNode("/dev/nvidia0", 195, 0), ociNode("/dev/nvidia2", 195, 2)),
 		wantRules: append(append(controlRules, controlRules...), ociRule(195, 0), ociRule(195, 2)),
 		wantEnv:   []string{"NVIDIA_VISIBLE_DEVICES=GPU-train-1", "TESSERA_GPU_0=train-0", "TESSERA_GPU_2=train-1"},
+		claims:    2,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,7 +127,13 @@ func TestInjectionAsContainerdDoesIt(t *testing.T) {
 					Devices:   tt.wantNodes,
 					Resources: &oci.LinuxResources{Devices: tt.wantRules},
 				},
-				Mounts: ociMounts(installedMounts(driverRoot, "usr/lib/x86_64-linux-gnu")),
+				Mounts: ociMounts(driverEdits(driverRoot).Mounts),
+				// Hooks are not de-duplicated: the hook runs once per
+				// claim, and must be idempotent.
+				Hooks: &oci.Hooks{CreateContainer: slices.Repeat([]oci.Hook{{
+					Path: "/var/lib/kubelet/plugins/gpu.tessera.dev/bin/tessera-cdi-hook",
+					Args: []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+				}}, tt.claims)},
 			}
 			if diff := cmp.Diff(want, got, sorted); diff != "" {
 				t.Errorf("injected OCI spec (-want +got):\n%s", diff)

@@ -62,6 +62,21 @@ type Mount struct {
 	ContainerPath string
 }
 
+// CreateContainer is the OCI hook a CDI hook of this package runs as: in the
+// container's namespaces once its mounts are made, before its process
+// starts.
+const CreateContainer = "createContainer"
+
+// Hook is an OCI hook the runtime runs for the container.
+type Hook struct {
+	// Name is the OCI hook point; CreateContainer.
+	Name string
+	// Path is the program's path on the host.
+	Path string
+	// Args are the whole command line, the program's name first.
+	Args []string
+}
+
 // Device is one device of a claim, named as the driver names it (e.g. "gpu-3"
 // or "gpu-3-mig-1g.10gb-0"), with the edits that inject it.
 type Device struct {
@@ -75,6 +90,7 @@ type Edits struct {
 	DeviceNodes []DeviceNode
 	Env         []string // KEY=VALUE
 	Mounts      []Mount
+	Hooks       []Hook
 }
 
 // ClaimSpec is everything the CDI spec of one claim holds.
@@ -239,6 +255,20 @@ func (e Edits) toCDI() (cdispec.ContainerEdits, error) {
 			Type:          "bind",
 		})
 	}
+	for _, h := range e.Hooks {
+		if h.Name != CreateContainer {
+			return out, fmt.Errorf("hook %s: hook point %q; only %s hooks are written", h.Path, h.Name, CreateContainer)
+		}
+		if err := validatePath("hook path", h.Path, false); err != nil {
+			return out, err
+		}
+		for _, a := range h.Args {
+			if err := validateText("hook argument", a, false); err != nil {
+				return out, err
+			}
+		}
+		out.Hooks = append(out.Hooks, &cdispec.Hook{HookName: h.Name, Path: h.Path, Args: append([]string(nil), h.Args...)})
+	}
 	return out, nil
 }
 
@@ -278,6 +308,9 @@ func fromCDIEdits(e cdispec.ContainerEdits) Edits {
 	}
 	for _, m := range e.Mounts {
 		out.Mounts = append(out.Mounts, Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath})
+	}
+	for _, h := range e.Hooks {
+		out.Hooks = append(out.Hooks, Hook{Name: h.HookName, Path: h.Path, Args: h.Args})
 	}
 	return out
 }

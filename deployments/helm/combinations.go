@@ -52,6 +52,8 @@ func Combinations() []Combination {
 			"controller": map[string]any{"enabled": false},
 		}},
 		{Name: "controller-topology", Release: Release{Name: "tessera", Namespace: "tessera-topology"}, Values: map[string]any{
+			// The GPU operator's driver container.
+			"kubeletPlugin": map[string]any{"driverRoot": "/run/nvidia/driver"},
 			"controller": map[string]any{"replicas": 2, "topologyKey": "topology.kubernetes.io/rack", "domainChannels": 4,
 				"extraArgs": []any{"--leader-elect-lease-duration=20s"}, "metricsBindAddress": "0.0.0.0"},
 		}},

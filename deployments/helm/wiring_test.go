@@ -161,9 +161,29 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 		if got := fieldRefs(ctr); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
 			t.Errorf("%s: downward-API environment %v, want %v", c.Name, got, wantRefs)
 		}
-		hostDirs := []string{o.PluginDataDir, o.RegistrarDir, o.CDIRoot}
-		if o.Node.DriverRoot != "/" {
-			hostDirs = append(hostDirs, o.Node.DriverRoot)
+		hostDirs := []string{o.PluginDataDir, o.RegistrarDir, o.CDIRoot, filepath.Dir(o.CDIHook)}
+		if o.Node.FakeNode == "" {
+			// The host's driver root (/ included) is where the plugin
+			// reads it, and the specs name the host's paths.
+			root := "/"
+			if v, ok := componentValue(c.Values, "kubeletPlugin", "driverRoot").(string); ok {
+				root = v
+			}
+			if o.Node.HostDriverRoot != root || !mountedReadOnly(pod, ctr, root, o.Node.DriverRoot) {
+				t.Errorf("%s: the host's driver root %q is not mounted read-only at --driver-root %q with --host-driver-root %q naming it", c.Name, root, o.Node.DriverRoot, o.Node.HostDriverRoot)
+			}
+			// Its dev/ is writable: on-demand device nodes are made there.
+			if !slices.ContainsFunc(ctr.VolumeMounts, func(m corev1.VolumeMount) bool {
+				return m.MountPath == filepath.Join(o.Node.DriverRoot, "dev") && !m.ReadOnly &&
+					slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+						return v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == filepath.Join(root, "dev")
+					})
+			}) {
+				t.Errorf("%s: the host's %s is not mounted writable at %s", c.Name, filepath.Join(root, "dev"), filepath.Join(o.Node.DriverRoot, "dev"))
+			}
+		}
+		if install := one(t, c.Name, pod.InitContainers); !slices.Equal(install.Command, []string{"tessera-cdi-hook", "install", o.CDIHook}) || !slices.ContainsFunc(install.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == o.PluginDataDir }) {
+			t.Errorf("%s: init container %s %v does not install the hook at --cdi-hook %s", c.Name, install.Name, install.Command, o.CDIHook)
 		}
 		if o.Node.FakeNode != "" {
 			hostDirs = append(hostDirs, o.Node.FakeRoot)
@@ -187,6 +207,19 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 			t.Errorf("%s: priority class %q, node selector %v: want system-node-critical on GPU nodes", c.Name, pod.PriorityClassName, pod.NodeSelector)
 		}
 	}
+}
+
+// mountedReadOnly reports whether the host path is mounted read-only at
+// mountPath.
+func mountedReadOnly(pod corev1.PodSpec, ctr corev1.Container, hostPath, mountPath string) bool {
+	for _, m := range ctr.VolumeMounts {
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == hostPath && m.MountPath == mountPath && m.ReadOnly {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // mountedFromHost reports whether dir lies under a mount of a hostPath

@@ -28,7 +28,10 @@ type Resolver struct {
 	DevRoot string
 	// HostRoot holds proc/devices.
 	HostRoot string
-	uvmMajor int64
+	// HostDevRoot is DevRoot as the host sees it, for the host paths of
+	// the nodes; empty means DevRoot.
+	HostDevRoot string
+	uvmMajor    int64
 	// capsMajor and migMinors number the MIG capability devices.
 	capsMajor int64
 	migMinors map[string]int64
@@ -113,6 +116,14 @@ func (r *Resolver) Control() []cdi.DeviceNode {
 	return out
 }
 
+// modesetMinor is /dev/nvidia-modeset's minor number.
+const modesetMinor = 254
+
+// Modeset is the display mode-setting node graphics containers need.
+func (r *Resolver) Modeset() cdi.DeviceNode {
+	return r.node("/dev/nvidia-modeset", NvidiaMajor, modesetMinor)
+}
+
 // node prefers the numbers of a real device node on the host and falls back on
 // the expected ones (fake nodes use regular files).
 func (r *Resolver) node(path string, major, minor int64) cdi.DeviceNode {
@@ -120,6 +131,9 @@ func (r *Resolver) node(path string, major, minor int64) cdi.DeviceNode {
 	var st unix.Stat_t
 	if err := unix.Stat(host, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
 		major, minor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	}
+	if r.HostDevRoot != "" {
+		host = filepath.Join(r.HostDevRoot, path)
 	}
 	return cdi.DeviceNode{Path: path, HostPath: host, Major: major, Minor: minor}
 }

@@ -13,6 +13,7 @@ import (
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/devnodes"
+	"github.com/tessera-dev/tessera/driver/hostnodes"
 )
 
 // CDIClass is the CDI class of domain claims' specs: their files
@@ -33,6 +34,10 @@ type Preparer struct {
 	CDI *cdi.Store
 	// DevNodes resolves the IMEX channel device nodes.
 	DevNodes *devnodes.Resolver
+	// HostNodes makes the IMEX channel nodes on the host once the spec is
+	// written (the driver makes none until asked); the state machine
+	// releases them with the spec. Nil makes none.
+	HostNodes *hostnodes.Nodes
 	// BootID is the current boot's, written into every spec so that a
 	// restart after a reboot can tell the earlier boot's specs apart
 	// (RemoveEarlierBoots).
@@ -102,6 +107,13 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	ids, err := p.CDI.Write(spec)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	var nodes []cdi.DeviceNode
+	for _, d := range spec.Devices {
+		nodes = append(nodes, d.DeviceNodes...)
+	}
+	if err := p.HostNodes.Ensure(ctx, string(claim.UID), nodes); err != nil {
+		return nil, fmt.Errorf("claim %s: make IMEX channel nodes on the host: %w", ref, err)
 	}
 	for i := range out {
 		out[i].CDIDeviceIDs = []string{ids[cdiName[out[i].PoolName+"/"+out[i].DeviceName]]}

@@ -96,7 +96,7 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("fake node %s: write host tree: %w", p.Name, err)
 	}
 	return &Node{
-		Node:     gpulib.Node{NVML: srv, HostRoot: opts.Dir, DriverRoot: opts.Dir, Profile: p.Name},
+		Node:     gpulib.Node{NVML: srv, HostRoot: opts.Dir, DriverRoot: opts.Dir, Profile: p.Name, Nodes: fileNodes{}},
 		Server:   srv,
 		Profile:  p,
 		events:   attachEvents(srv, devs),

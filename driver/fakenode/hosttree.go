@@ -36,17 +36,6 @@ func migMinors() string {
 	return b.String()
 }
 
-// driverLibs are the user-space driver libraries a fake node installs, as
-// <name>.so.<driver version> with the usual soname links.
-var driverLibs = []struct{ base, soname string }{
-	{"libnvidia-ml.so", "libnvidia-ml.so.1"},
-	{"libcuda.so", "libcuda.so.1"},
-	{"libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"},
-	{"libnvidia-nvvm.so", "libnvidia-nvvm.so.4"},
-}
-
-var driverTools = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"}
-
 // writeHostTree lays out the files a real GPU node has beside NVML. Device
 // nodes are plain files: nothing opens them, and CDI specs carry their numbers.
 func writeHostTree(dir string, p Profile, devs []*server.Device) error {
@@ -68,7 +57,7 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 			return err
 		}
 	}
-	for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} {
+	for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} {
 		if err := mkfile(filepath.Join(dir, "dev", n), "", 0o666); err != nil {
 			return err
 		}
@@ -80,26 +69,7 @@ func writeHostTree(dir string, p Profile, devs []*server.Device) error {
 	if err := mkfile(filepath.Join(dir, "proc", "driver", "nvidia-caps", "mig-minors"), migMinors(), 0o444); err != nil {
 		return err
 	}
-	if err := writeIMEXChannels(dir, p); err != nil {
-		return err
-	}
-	libDir := filepath.Join(dir, p.GPU.LibDir)
-	for _, l := range driverLibs {
-		real := l.base + "." + p.DriverVersion
-		if err := mkfile(filepath.Join(libDir, real), "fake "+real+"\n", 0o644); err != nil {
-			return err
-		}
-		_ = os.Remove(filepath.Join(libDir, l.soname))
-		if err := os.Symlink(real, filepath.Join(libDir, l.soname)); err != nil {
-			return err
-		}
-	}
-	for _, t := range driverTools {
-		if err := mkfile(filepath.Join(dir, "usr", "bin", t), "#!/bin/false\n", 0o755); err != nil {
-			return err
-		}
-	}
-	return nil
+	return InstallDriver(dir, p.GPU.LibDir, p.DriverVersion)
 }
 
 // bridgeBDF names the upstream bridge of a GPU: one per PCIe switch.

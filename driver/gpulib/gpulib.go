@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -40,8 +41,16 @@ type Node struct {
 	HostRoot string
 	// DriverRoot holds the NVIDIA user-space driver (libraries, tools).
 	DriverRoot string
+	// HostDriverRoot is DriverRoot as the host (its container runtime)
+	// sees it; empty means the same path. It differs where the plugin's
+	// container mounts the host's driver root elsewhere (the chart mounts
+	// it at /driver-root).
+	HostDriverRoot string
 	// Profile names the fake node profile, empty on real hardware.
 	Profile string
+	// Nodes makes device nodes the driver creates only on demand (MIG
+	// capability and IMEX channel nodes) under DevRoot.
+	Nodes NodeMaker
 }
 
 // SysfsRoot is where PCI topology is read from.
@@ -54,6 +63,19 @@ func (n *Node) DevRoot() string {
 		return n.DriverRoot
 	}
 	return n.HostRoot
+}
+
+// OnHost is the host's path of p, a path this process sees: paths under
+// the driver root are moved to the host's driver root (HostDriverRoot).
+func (n *Node) OnHost(p string) string {
+	if n.HostDriverRoot == "" || n.HostDriverRoot == n.DriverRoot {
+		return p
+	}
+	rel, err := filepath.Rel(n.DriverRoot, p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return p
+	}
+	return filepath.Join(n.HostDriverRoot, rel)
 }
 
 // Close shuts NVML down.
@@ -84,7 +106,7 @@ func OpenReal(driverRoot string) (*Node, error) {
 		}
 		return nil, fmt.Errorf("initialise NVML: %w", Error(ret))
 	}
-	return &Node{NVML: lib, HostRoot: "/", DriverRoot: driverRoot}, nil
+	return &Node{NVML: lib, HostRoot: "/", DriverRoot: driverRoot, Nodes: Mknod{}}, nil
 }
 
 // libDirs are where distributions install the NVIDIA user-space libraries.

@@ -18,6 +18,9 @@ import (
 type Options struct {
 	NodeName   string
 	DriverRoot string
+	// HostDriverRoot is the driver root's path on the host, where it
+	// differs from DriverRoot (gpulib.Node.HostDriverRoot).
+	HostDriverRoot string
 	// FakeNode names a fakenode profile; empty means real NVML.
 	FakeNode string
 	// FakeRoot receives a fake node's host files.
@@ -34,6 +37,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&o.NodeName, "node-name", env("NODE_NAME", host), "Name of this node. Environment: NODE_NAME.")
 	fs.StringVar(&o.DriverRoot, "driver-root", env("DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, tools and possibly device nodes). Environment: DRIVER_ROOT.")
+	fs.StringVar(&o.HostDriverRoot, "host-driver-root", env("HOST_DRIVER_ROOT", ""), "The driver root's path on the host, which CDI specs and MPS daemon pods name, when the plugin's container sees it elsewhere (the chart mounts the host's driver root at /driver-root and passes --driver-root=/driver-root). Empty: the same as --driver-root. Environment: HOST_DRIVER_ROOT.")
 	fs.StringVar(&o.FakeNode, "fake-node", env("FAKE_NODE", ""), fmt.Sprintf("Simulate a GPU node instead of using NVML; one of: %v. Environment: FAKE_NODE.", fakenode.Profiles()))
 	fs.StringVar(&o.FakeRoot, "fake-root", env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver). Default: a directory under the system temp dir. Environment: FAKE_ROOT.")
 	fs.StringVar(&o.FakeClique, "fake-clique", env("FAKE_CLIQUE", ""), "Override a fake node's multi-node NVLink clique as <clusterUUID>.<cliqueID>. Environment: FAKE_CLIQUE.")
@@ -41,6 +45,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // Validate reports flag mistakes before anything is opened.
 func (o *Options) Validate() error {
+	if o.HostDriverRoot != "" && !filepath.IsAbs(o.HostDriverRoot) {
+		return fmt.Errorf("--host-driver-root %q: want an absolute path", o.HostDriverRoot)
+	}
 	if o.NodeName == "" {
 		return fmt.Errorf("--node-name is empty and the host name is unknown: set --node-name or NODE_NAME")
 	}
@@ -61,7 +68,12 @@ func (o *Options) Open() (*gpulib.Node, error) {
 		return o.Opened, nil
 	}
 	if o.FakeNode == "" {
-		return gpulib.OpenReal(o.DriverRoot)
+		n, err := gpulib.OpenReal(o.DriverRoot)
+		if err != nil {
+			return nil, err
+		}
+		n.HostDriverRoot = o.HostDriverRoot
+		return n, nil
 	}
 	dir := o.FakeRoot
 	if dir == "" {

@@ -61,6 +61,9 @@ type Options struct {
 	// the driver's MPS binaries are mounted from the driver root).
 	Namespace string
 	MPSImage  string
+	// CDIHook is the host path of tessera-cdi-hook, which the CDI specs
+	// run to update the containers' loader cache; empty leaves it out.
+	CDIHook string
 
 	// Health tunes device health monitoring (feature gate DeviceHealth).
 	Health health.Options
@@ -84,6 +87,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
 	fs.StringVar(&o.Namespace, "namespace", env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
 	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused. Environment: MPS_IMAGE.")
+	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
 	o.Health.AddFlags(fs)
 	if o.FeatureGates == nil {
 		o.FeatureGates = features.New()
@@ -111,6 +115,9 @@ func (o *Options) Validate() error {
 	}
 	if err := o.Sharing.ParseMemoryShared(o.MemorySharedGPUs); err != nil {
 		return err
+	}
+	if o.CDIHook != "" && !filepath.IsAbs(o.CDIHook) {
+		return fmt.Errorf("--cdi-hook %q: want the hook's absolute path on the host", o.CDIHook)
 	}
 	if o.MPSImage != "" && o.Namespace == "" {
 		return fmt.Errorf("--mps-image needs --namespace (the plugin's namespace, where MPS daemon pods run)")

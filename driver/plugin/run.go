@@ -21,9 +21,11 @@ import (
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/domain"
+	"github.com/tessera-dev/tessera/driver/driverfiles"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/hostnodes"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/mps"
@@ -120,10 +122,16 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
-	driverFiles, err := cdi.FindDriverFiles(node.DriverRoot)
+	dev.HostDevRoot = node.OnHost(dev.DevRoot)
+	var version string
+	if len(gpus) > 0 {
+		version = gpus[0].DriverVersion
+	}
+	driverFiles, err := driverfiles.Find(ctx, driverfiles.Options{Root: node.DriverRoot, HostRoot: node.OnHost(node.DriverRoot), Version: version, Hook: o.CDIHook})
 	if err != nil {
 		return nil, err
 	}
+	hostNodes := &hostnodes.Nodes{Dir: filepath.Join(o.PluginDataDir, "device-nodes"), Maker: node.Nodes, DevRoot: dev.DevRoot}
 	// In a rolling update the other instance may be serving: the state
 	// machine then takes the locks both share (recovery included).
 	var shared prepare.SharedLocks
@@ -131,7 +139,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		shared = nodelock.New(o.PluginDataDir)
 	}
 	var daemons prepare.MPSDaemons
-	mpsDaemons := o.mpsDaemons(client, node.DriverRoot)
+	mpsDaemons := o.mpsDaemons(client, node.OnHost(node.DriverRoot))
 	if mpsDaemons != nil {
 		daemons = mpsDaemons
 	}
@@ -141,9 +149,9 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
-		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverFiles: driverFiles, BootID: bootID,
+		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverEdits: driverFiles.Edits, BootID: bootID,
 		Settings: gpuset.New(node.NVML), MPS: daemons,
-		ClaimEnv: domain.MemberEnv, Shared: shared,
+		ClaimEnv: domain.MemberEnv, Shared: shared, HostNodes: hostNodes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
@@ -153,8 +161,14 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev, BootID: bootID}
+	domains := &domain.Preparer{Driver: slices.DriverName, CDI: domainStore, DevNodes: dev, HostNodes: hostNodes, BootID: bootID}
 	if err := domains.RemoveEarlierBoots(ctx); err != nil {
+		cancel(err)
+		return nil, err
+	}
+	// Every spec left is now a prepared claim's: the device nodes of a
+	// claim without one are what a crash left.
+	if err := hostNodes.Sweep(ctx, mgr.HasSpec); err != nil {
 		cancel(err)
 		return nil, err
 	}

@@ -108,5 +108,5 @@ func (m *Manager) removeSpecs(uid string) error {
 			return err
 		}
 	}
-	return nil
+	return m.cfg.HostNodes.Release(context.Background(), uid)
 }

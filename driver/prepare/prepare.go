@@ -471,6 +471,8 @@ func (m *Manager) rollback(ctx context.Context, uid types.UID, rec checkpoint.Cl
 	logger := klog.FromContext(ctx)
 	if err := m.cfg.CDI.Remove(string(uid)); err != nil {
 		logger.Error(err, "Rolling back a failed prepare: CDI spec left behind; it is removed at the next start", "uid", uid)
+	} else if err := m.cfg.HostNodes.Release(ctx, string(uid)); err != nil {
+		logger.Error(err, "Rolling back a failed prepare: device nodes left behind; they are removed at the next start", "uid", uid)
 	}
 	if err := m.stopMPS(ctx, rec); err != nil {
 		logger.Error(err, "Rolling back a failed prepare: MPS daemon left behind; it is removed at the next start", "uid", uid)
@@ -550,6 +552,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 	var visible []string
 	uuids := make([]string, len(out))
 	seen := map[string]bool{}
+	var served []inventory.Device // what the driver files are chosen for
 	for i := range out {
 		d := &out[i]
 		if seen[d.Device] {
@@ -560,6 +563,7 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer published on this node", d.Device)
 		}
+		served = append(served, inv)
 		record := func() error { return m.recordPartitions(ctx, claim.UID, out) }
 		dev, uuid, err := m.containerDevice(inv, d, earlierPartition(earlier, *d), record)
 		if err != nil {
@@ -585,10 +589,15 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		}
 		env = append(env, extra...)
 	}
+	driver, err := m.driverEdits(claim, served)
+	if err != nil {
+		return nil, err
+	}
 	spec.Common = cdi.Edits{
-		DeviceNodes: m.cfg.DevNodes.Control(),
+		DeviceNodes: append(m.cfg.DevNodes.Control(), driver.DeviceNodes...),
 		Env:         env,
-		Mounts:      m.cfg.DriverFiles.Mounts,
+		Mounts:      driver.Mounts,
+		Hooks:       driver.Hooks,
 	}
 	if mps != nil {
 		d := MPSDaemon{MPSDaemon: *daemon, ClaimUID: string(claim.UID), ClaimNamespace: claim.Namespace, ClaimName: claim.Name}
@@ -613,6 +622,9 @@ func (m *Manager) materialize(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 	failpoint(fpCDIWrite)
+	if err := m.ensureHostNodes(ctx, claim.UID, spec); err != nil {
+		return nil, err
+	}
 	for i := range out {
 		out[i].CDIDeviceIDs = []string{ids[out[i].Device]}
 	}

@@ -25,8 +25,10 @@ import (
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/domain"
+	"github.com/tessera-dev/tessera/driver/driverfiles"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/gpuset"
+	"github.com/tessera-dev/tessera/driver/hostnodes"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/nodelock"
@@ -71,6 +73,9 @@ func newEnvFrom(t *testing.T, p fakenode.Profile, dynamicMIG bool) *env {
 	return &env{t: t, node: n, gpus: gpus, cdiDir: t.TempDir(), dataDir: t.TempDir(), bootID: "boot-1", dynamicMIG: dynamicMIG, mig: mig.NewManager(n.NVML)}
 }
 
+// testHook is where the tests' specs say tessera-cdi-hook is.
+const testHook = "/opt/tessera/tessera-cdi-hook"
+
 func (e *env) config() prepare.Config {
 	e.t.Helper()
 	store, err := cdi.NewStore(e.cdiDir)
@@ -85,7 +90,7 @@ func (e *env) config() prepare.Config {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	files, err := cdi.FindDriverFiles(e.node.DriverRoot)
+	files, err := driverfiles.Find(context.Background(), driverfiles.Options{Root: e.node.DriverRoot, Hook: testHook})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -94,8 +99,9 @@ func (e *env) config() prepare.Config {
 		e.t.Fatal(err)
 	}
 	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
-	cfg := prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverFiles: files, BootID: e.bootID,
-		Settings: gpuset.New(e.node.NVML), MPS: e.mps}
+	cfg := prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverEdits: files.Edits, BootID: e.bootID,
+		HostNodes: &hostnodes.Nodes{Dir: filepath.Join(e.dataDir, "device-nodes"), Maker: e.node.Nodes, DevRoot: dev.DevRoot},
+		Settings:  gpuset.New(e.node.NVML), MPS: e.mps}
 	if e.rolling {
 		cfg.Shared = nodelock.New(e.dataDir)
 	}

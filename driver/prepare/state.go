@@ -113,6 +113,7 @@ import (
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/devnodes"
+	"github.com/tessera-dev/tessera/driver/hostnodes"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 )
@@ -136,6 +137,14 @@ type Config struct {
 	// DriverFiles are the driver's libraries and tools, mounted into every
 	// container that gets a GPU.
 	DriverFiles cdi.Edits
+	// DriverEdits, if set, gives each claim the driver files (and hook)
+	// for what its devices can do, instead of DriverFiles
+	// (driverfiles.go).
+	DriverEdits DriverEdits
+	// HostNodes makes on the host the device nodes the driver makes only
+	// on demand (MIG capability nodes) once a claim's spec is written, and
+	// removes them with the spec; nil makes none (hostnodes.go).
+	HostNodes *hostnodes.Nodes
 	// BootID is the current boot's ID.
 	BootID string
 	// Settings changes GPU settings claims need (compute mode, power

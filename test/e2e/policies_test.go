@@ -138,6 +138,9 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 	admin := c.Client()
 	o := pluginOptions(t, combo, manifests)
 	root := o.Node.DriverRoot
+	if o.Node.HostDriverRoot != "" {
+		root = o.Node.HostDriverRoot // daemon pods mount the host's path
+	}
 	if o.Node.FakeNode != "" {
 		root = o.Node.FakeRoot // a fake node's driver lives there
 	}

@@ -18,6 +18,9 @@ func Merge(configs ...Config) (gpu *GpuConfig, mig *MigDeviceConfig) {
 			if c.PowerLimitWatts != nil {
 				gpu.PowerLimitWatts = c.PowerLimitWatts
 			}
+			if c.Graphics != nil {
+				gpu.Graphics = c.Graphics
+			}
 		case *MigDeviceConfig:
 			if mig == nil {
 				mig = &MigDeviceConfig{TypeMeta: c.TypeMeta}

@@ -32,6 +32,10 @@ type GpuConfig struct {
 	// the previous limit is restored at unprepare. Within the GPU's
 	// powerMinWatts..powerMaxWatts attributes.
 	PowerLimitWatts *int32 `json:"powerLimitWatts,omitempty"`
+	// Graphics gives the containers the driver's OpenGL, EGL and Vulkan
+	// libraries and /dev/nvidia-modeset besides CUDA's; off by default, as
+	// compute workloads need none of it.
+	Graphics *bool `json:"graphics,omitempty"`
 }
 
 // MigDeviceConfig configures MIG devices.
