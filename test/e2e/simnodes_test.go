@@ -122,10 +122,14 @@ func createSimNode(ctx context.Context, client kubernetes.Interface, name string
 	if err != nil {
 		return fmt.Errorf("make node %s Ready: %w", name, err)
 	}
-	for _, s := range slices {
+	for i, s := range slices {
 		s = s.DeepCopy()
+		// Named as kubeletplugin's slice controller names them: the
+		// index first (hex, five digits), then the driver and the owner
+		// (the node). The allocator meets a pool's slices in name order,
+		// so random names would shuffle the order the plugin chose.
 		s.Name = ""
-		s.GenerateName = name + "-"
+		s.GenerateName = fmt.Sprintf("%05x-%s-%s-", i, s.Spec.Driver, name)
 		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("publish slices of %s: %w", name, err)
 		}
