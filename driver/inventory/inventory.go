@@ -60,10 +60,15 @@ func (s Share) Shared() bool { return s.TimeSlices > 0 || s.Memory }
 type Order int
 
 const (
-	// Pack keeps each GPU's devices together, GPUs in index order, small
-	// partitions from the highest placement down: the scheduler fills a GPU
-	// already in use before it opens another, and keeps low, large placements
-	// and whole GPUs free. This is Tessera's layout.
+	// Pack lists the whole GPUs first, then each GPU's partitions together,
+	// GPUs in index order, small partitions from the highest placement down:
+	// the scheduler fills a GPU already in use before it opens another, and
+	// keeps low, large placements and whole GPUs free. Whole GPUs and
+	// partitions are in different classes, so their relative order changes
+	// no allocation, only its cost: the scheduler's allocator evaluates the
+	// class's CEL on every device it meets before a free one, and a whole
+	// GPU listed after its GPU's partitions made a whole-GPU pod pay for all
+	// of them on every node it tried. This is Tessera's layout.
 	Pack Order = iota
 	// Spread lists each profile's placements across all GPUs before the next
 	// placement: first-fit then scatters partitions over every GPU. It is what
@@ -130,8 +135,14 @@ func Build(gpus []discovery.GPU, opts Options) *Inventory {
 	if opts.Order == Spread {
 		inv.Devices = spread(perGPU)
 	} else {
-		for _, devs := range perGPU {
-			inv.Devices = append(inv.Devices, devs...)
+		for _, whole := range []bool{true, false} {
+			for _, devs := range perGPU {
+				for _, d := range devs {
+					if (d.Kind == Whole) == whole {
+						inv.Devices = append(inv.Devices, d)
+					}
+				}
+			}
 		}
 	}
 	for i, d := range inv.Devices {

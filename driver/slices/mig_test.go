@@ -2,6 +2,7 @@ package slices_test
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 
@@ -443,5 +444,38 @@ func TestPublishingRefusesDuplicateNames(t *testing.T) {
 	_, err := slices.Build(node, inventory.Build(gpus, inventory.Options{DynamicMIG: true}), slices.Options{})
 	if err == nil || !strings.Contains(err.Error(), "1g.10gb+me") || !strings.Contains(err.Error(), "1g.10gb.me") {
 		t.Fatalf("Build with two profiles folding to one label: err = %v, want one naming both", err)
+	}
+}
+
+// TestWholeGPUsComeBeforeEveryPartition pins the device order the scheduler
+// meets on a dynamic-MIG node: the whole GPUs first, then the partitions.
+// Its allocator tries devices first-fit and evaluates the class's CEL on each
+// one it meets; with each whole GPU after its GPU's 28 partitions, a pod
+// asking for a whole GPU paid for every partition of every used GPU on every
+// node it tried (BenchmarkSchedulerThroughput, case migwhole), while a
+// partition request pays for only the eight whole GPUs. The classes keep the
+// two kinds apart, so no allocation changes.
+func TestWholeGPUsComeBeforeEveryPartition(t *testing.T) {
+	sl := publishedWith(t, profile(t, "dgx-h100"), true, inventory.Pack)
+	sort.Slice(sl, func(i, j int) bool { return sl[i].Name < sl[j].Name })
+	seenPartition := ""
+	wholes := 0
+	for _, s := range sl {
+		for _, d := range s.Spec.Devices {
+			switch *d.Attributes[slices.AttrType].StringValue {
+			case slices.TypeGPU:
+				wholes++
+				if seenPartition != "" {
+					t.Fatalf("whole GPU %s comes after partition %s", d.Name, seenPartition)
+				}
+			default:
+				if seenPartition == "" {
+					seenPartition = d.Name
+				}
+			}
+		}
+	}
+	if wholes != 8 || seenPartition == "" {
+		t.Fatalf("want 8 whole GPUs and partitions, got %d whole GPUs, first partition %q", wholes, seenPartition)
 	}
 }
