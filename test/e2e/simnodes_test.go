@@ -31,52 +31,36 @@ func simNodeName(i int) string { return fmt.Sprintf("sim-%d", i) }
 func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interface, published [][]*resourceapi.ResourceSlice) (stop func()) {
 	b.Helper()
 	n := len(published)
-	// Nodes are created in parallel: a sequential loop takes minutes for
-	// hundreds of nodes of several slices each.
-	const workers = 8
-	errs := make([]error, n)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				errs[i] = createSimNode(ctx, client, simNodeName(i), published[i])
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		b.Fatal(err)
-	}
-
-	leases := make([]*coordinationv1.Lease, n)
+	api := client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	// Leases are renewed from the start: creating hundreds of nodes takes
+	// longer than the node-lifecycle controller's grace period, and a node
+	// it marks unreachable stays so (nothing posts its status again).
+	var mu sync.Mutex
+	leases := make([]*coordinationv1.Lease, n) // set once a node's Lease exists
 	renew := func() {
 		for i := range n {
-			name := simNodeName(i)
-			api := client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-			now := metav1.NewMicroTime(time.Now())
-			if leases[i] == nil {
-				l, err := api.Get(ctx, name, metav1.GetOptions{})
-				if err != nil {
-					l, _ = api.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
-						Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &now}}, metav1.CreateOptions{})
-					leases[i] = l
-					continue
-				}
-				leases[i] = l
+			mu.Lock()
+			l := leases[i]
+			mu.Unlock()
+			if l == nil {
+				continue
 			}
-			l := leases[i].DeepCopy()
+			l = l.DeepCopy()
+			now := metav1.NewMicroTime(time.Now())
 			l.Spec.RenewTime = &now
-			// Only this loop writes the Lease: keep what the update
-			// returned and read it again only after a failure.
-			leases[i], _ = api.Update(ctx, l, metav1.UpdateOptions{})
+			// Only this loop writes the Lease once created: keep what the
+			// update returned, read it again only after a failure.
+			updated, err := api.Update(ctx, l, metav1.UpdateOptions{})
+			if err != nil {
+				updated, err = api.Get(ctx, l.Name, metav1.GetOptions{})
+			}
+			if err == nil {
+				mu.Lock()
+				leases[i] = updated
+				mu.Unlock()
+			}
 		}
 	}
-	renew()
 	done := make(chan struct{})
 	var renewing sync.WaitGroup
 	renewing.Go(func() {
@@ -94,6 +78,33 @@ func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interfac
 		}
 	})
 	stop = func() { close(done); renewing.Wait() }
+
+	// Nodes are created in parallel: a sequential loop takes minutes for
+	// hundreds of nodes of several slices each.
+	const workers = 8
+	errs := make([]error, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = createSimNode(ctx, client, simNodeName(i), published[i], func(l *coordinationv1.Lease) {
+					mu.Lock()
+					leases[i] = l
+					mu.Unlock()
+				})
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		stop()
+		b.Fatal(err)
+	}
 	if err := waitSchedulable(ctx, client, n); err != nil {
 		stop()
 		b.Fatal(err)
@@ -101,14 +112,22 @@ func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interfac
 	return stop
 }
 
-// createSimNode creates a Ready node and publishes its slices.
-func createSimNode(ctx context.Context, client kubernetes.Interface, name string, slices []*resourceapi.ResourceSlice) error {
+// createSimNode creates a node and its Lease (passed to leased), makes the
+// node Ready and publishes its slices.
+func createSimNode(ctx context.Context, client kubernetes.Interface, name string, slices []*resourceapi.ResourceSlice, leased func(*coordinationv1.Lease)) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
 	if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create node %s: %w", name, err)
 	}
+	now := metav1.NewMicroTime(time.Now())
+	lease, err := client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &now}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create the Lease of node %s: %w", name, err)
+	}
+	leased(lease)
 	// The node-lifecycle controller writes the new node too: retry.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
