@@ -82,8 +82,8 @@ fuzz:
 # (test/cmd/benchreport). Figures are ratios measured within one run (the
 # machines are shared and noisy); goals are reported, never asserted. A
 # benchmark that fails leaves its figures null with the reason, and bench
-# fails after writing the report. ~3 minutes on two cores, plus the
-# scheduler benchmark's ~15.
+# fails after writing the report. ~3 minutes on two cores, plus ~12 for the
+# scheduler benchmark (docs/performance.md, "Scale").
 # BenchmarkGangPlacement runs on the local cluster (gang_<N>_s: gang
 # creation to every member bound) for 64, 128, 256 and 512 members;
 # GANG_BENCH chooses fewer (GANG_BENCH='pods=256$$').
