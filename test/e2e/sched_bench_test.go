@@ -187,7 +187,8 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	algBefore := schedulerHistogram(ctx, b, c, "scheduler_scheduling_algorithm_duration_seconds")
 	cpuBefore, err := c.SchedulerCPU()
 	noErr(b, err)
-	profileDone := profileScheduler(ctx, b, c, sc.name, len(gpus))
+	profiled := profileScheduler(ctx, c, sc.name, len(gpus))
+	defer func() { _ = profiled() }()
 
 	b.StartTimer()
 	first := time.Now()
@@ -204,7 +205,7 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	cpuAfter, err := c.SchedulerCPU()
 	noErr(b, err)
 	algAfter := schedulerHistogram(ctx, b, c, "scheduler_scheduling_algorithm_duration_seconds")
-	<-profileDone
+	noErr(b, profiled())
 
 	reportThrottling(ctx, b, c)
 	slices.Sort(latencies)
@@ -390,23 +391,29 @@ func reportThrottling(ctx context.Context, b *testing.B, c *cluster.Cluster) {
 
 // profileScheduler fetches a 20-second CPU profile of the scheduler into
 // $TESSERA_SCHED_PROFILE/<case>-<nodes>.pprof when that is set; the returned
-// channel closes when it is written (at once when not profiling).
-func profileScheduler(ctx context.Context, b *testing.B, c *cluster.Cluster, name string, nodes int) <-chan struct{} {
-	done := make(chan struct{})
+// wait blocks until it is written (at once when not profiling) and says
+// whether that failed. Call it on every path: the fetch must not outlive the
+// benchmark.
+func profileScheduler(ctx context.Context, c *cluster.Cluster, name string, nodes int) (wait func() error) {
 	dir := os.Getenv("TESSERA_SCHED_PROFILE")
 	if dir == "" {
-		close(done)
-		return done
+		return func() error { return nil }
 	}
+	result := make(chan error, 1)
 	go func() {
-		defer close(done)
 		body, err := c.SchedulerGet(ctx, "/debug/pprof/profile?seconds=20")
 		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", name, nodes)), body, 0o644)
 		}
 		if err != nil {
-			b.Errorf("profile the scheduler: %v", err)
+			err = fmt.Errorf("profile the scheduler: %w", err)
 		}
+		result <- err
 	}()
-	return done
+	var once sync.Once
+	var err error
+	return func() error {
+		once.Do(func() { err = <-result })
+		return err
+	}
 }
