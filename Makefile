@@ -90,11 +90,20 @@ fuzz:
 # (test/cmd/benchreport). Figures are ratios measured within one run (the
 # machines are shared and noisy); goals are reported, never asserted. A
 # benchmark that fails leaves its figures null with the reason, and bench
-# fails after writing the report. ~3 minutes on two cores.
+# fails after writing the report. ~3 minutes on two cores, plus ~12 for the
+# scheduler benchmark (docs/performance.md, "Scale").
 # BenchmarkGangPlacement runs on the local cluster (gang_<N>_s: gang
 # creation to every member bound) for 64, 128, 256 and 512 members;
 # GANG_BENCH chooses fewer (GANG_BENCH='pods=256$$').
 GANG_BENCH ?= .
+# BenchmarkSchedulerThroughput runs the real scheduler on 100 and 500
+# simulated DGX H100 nodes for each case (whole, mig1g, migwhole, timeslice,
+# memshare; sched_* figures); SCHED_BENCH chooses others, one regexp per
+# level: SCHED_BENCH='^nodes=1000$$/' or SCHED_BENCH='^nodes=100$$/^case=(whole|mig1g)$$'
+# (the ratios need whole in the same run). SCHED_PROFILE=<dir> also writes a
+# CPU profile of the scheduler per case there.
+SCHED_BENCH ?= ^nodes=(100|500)$$/
+SCHED_PROFILE ?=
 BENCH_OUT := $(OUTPUT)/bench
 bench: cluster-bins
 	@mkdir -p $(BENCH_OUT) $(OUTPUT)/bin
@@ -103,7 +112,8 @@ bench: cluster-bins
 	-TESSERA_PLUGIN_BINARY=$(OUTPUT)/bin/tessera-kubelet-plugin \
 		$(GO) test -json -run '^$$' -bench . -benchtime 3x -timeout 15m ./test/bench/ > $(BENCH_OUT)/plugin.json
 	-TESSERA_E2E_NO_BUILD=1 $(GO) test -json -run '^$$' -bench 'BenchmarkGangPlacement/$(GANG_BENCH)' -benchtime 1x -timeout 30m ./test/e2e/ > $(BENCH_OUT)/gang.json
-	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json
+	-TESSERA_E2E_NO_BUILD=1 TESSERA_SCHED_PROFILE=$(abspath $(SCHED_PROFILE)) $(GO) test -json -run '^$$' -bench 'BenchmarkSchedulerThroughput/$(SCHED_BENCH)' -benchtime 1x -timeout 60m ./test/e2e/ > $(BENCH_OUT)/sched.json
+	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json $(BENCH_OUT)/sched.json
 
 lint: fmt vet staticcheck
 

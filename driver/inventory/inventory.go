@@ -60,10 +60,17 @@ func (s Share) Shared() bool { return s.TimeSlices > 0 || s.Memory }
 type Order int
 
 const (
-	// Pack keeps each GPU's devices together, GPUs in index order, small
-	// partitions from the highest placement down: the scheduler fills a GPU
-	// already in use before it opens another, and keeps low, large placements
-	// and whole GPUs free. This is Tessera's layout.
+	// Pack lists the whole GPUs first, then the partitions profile by
+	// profile, each profile's on every GPU in index order, from the highest
+	// placement down: for any one profile the scheduler meets a GPU already
+	// in use before it opens another, and keeps low, large placements and
+	// whole GPUs free. The grouping is for the scheduler's cost: its
+	// allocator evaluates CEL on every device it meets before a free one
+	// (~10 us each), so a whole-GPU pod listed after every GPU's partitions,
+	// or a 1g pod after a used GPU's other profiles, paid for all of them on
+	// every node it tried. A request for one profile (or a whole GPU) gets
+	// the device it got with each GPU's devices kept together. This is
+	// Tessera's layout.
 	Pack Order = iota
 	// Spread lists each profile's placements across all GPUs before the next
 	// placement: first-fit then scatters partitions over every GPU. It is what
@@ -130,9 +137,7 @@ func Build(gpus []discovery.GPU, opts Options) *Inventory {
 	if opts.Order == Spread {
 		inv.Devices = spread(perGPU)
 	} else {
-		for _, devs := range perGPU {
-			inv.Devices = append(inv.Devices, devs...)
-		}
+		inv.Devices = byProfile(perGPU)
 	}
 	for i, d := range inv.Devices {
 		inv.byName[d.Name] = i
@@ -155,6 +160,40 @@ func partitions(g discovery.GPU, order Order) []Device {
 		for _, pl := range pls {
 			out = append(out, Device{Name: PartitionName(g, p.Name, pl.Start), Kind: Partition, GPU: g, Profile: p, Placement: pl, Counters: CounterSetName(g)})
 		}
+	}
+	return out
+}
+
+// byProfile lists the whole GPUs, then the other devices grouped by profile
+// (in the order profiles are first met), each group in GPU order (see Pack).
+func byProfile(perGPU [][]Device) []Device {
+	var order []string
+	groups := map[string][]Device{}
+	for _, devs := range perGPU {
+		for _, d := range devs {
+			key := "\x00whole" // before every profile name
+			if d.Kind != Whole {
+				key = d.Profile.Name
+			}
+			if _, seen := groups[key]; !seen {
+				order = append(order, key)
+			}
+			groups[key] = append(groups[key], d)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b string) int {
+		aw, bw := a == "\x00whole", b == "\x00whole"
+		switch {
+		case aw && !bw:
+			return -1
+		case bw && !aw:
+			return 1
+		}
+		return 0
+	})
+	out := make([]Device, 0, len(groups))
+	for _, key := range order {
+		out = append(out, groups[key]...)
 	}
 	return out
 }

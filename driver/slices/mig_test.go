@@ -2,6 +2,7 @@ package slices_test
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 
@@ -444,4 +445,56 @@ func TestPublishingRefusesDuplicateNames(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "1g.10gb+me") || !strings.Contains(err.Error(), "1g.10gb.me") {
 		t.Fatalf("Build with two profiles folding to one label: err = %v, want one naming both", err)
 	}
+}
+
+// TestPackListsWholeGPUsThenEachProfileAcrossGPUs pins the device order the
+// scheduler meets on a dynamic-MIG node: the whole GPUs first, then each
+// profile's partitions together, GPU by GPU. Its allocator tries devices
+// first-fit and evaluates CEL on each one it meets before a free one; with
+// each GPU's devices together, a pod asking for a whole GPU paid for every
+// partition of every used GPU, and a 1g pod for every other profile of every
+// GPU whose 1g placements were taken, on every node it tried
+// (BenchmarkSchedulerThroughput, cases migwhole and mig1g). The order among
+// one profile's devices, and so what a one-profile request gets, is
+// unchanged (TestPackingKeepsWholeGPUsFree).
+func TestPackListsWholeGPUsThenEachProfileAcrossGPUs(t *testing.T) {
+	sl := publishedWith(t, profile(t, "dgx-h100"), true, inventory.Pack)
+	sort.Slice(sl, func(i, j int) bool { return sl[i].Name < sl[j].Name })
+	where := placementsOf(sl)
+	var order []string // "" for whole GPUs, else the profile, as met
+	lastGPU := map[string]string{}
+	for _, s := range sl {
+		for _, d := range s.Spec.Devices {
+			group := ""
+			if a, ok := d.Attributes[slices.AttrProfile]; ok {
+				group = *a.StringValue
+			}
+			if len(order) == 0 || order[len(order)-1] != group {
+				if slicesContain(order, group) {
+					t.Fatalf("%s devices are not together: %s comes after %v", group, d.Name, order)
+				}
+				order = append(order, group)
+			}
+			gpu := d.Name
+			if group != "" {
+				gpu = where[d.Name].gpu
+			}
+			if gpu < lastGPU[group] {
+				t.Fatalf("%s comes after a device of %s", d.Name, lastGPU[group])
+			}
+			lastGPU[group] = gpu
+		}
+	}
+	if len(order) < 2 || order[0] != "" {
+		t.Fatalf("want the whole GPUs first, then profiles; got groups %q", order)
+	}
+}
+
+func slicesContain(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }

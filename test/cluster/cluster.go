@@ -34,6 +34,11 @@ type Options struct {
 	Dir string
 	// Nodes are the simulated nodes, each a kubelet with a fake runtime.
 	Nodes []NodeSpec
+	// SchedulerAPIQPS and SchedulerAPIBurst are kube-scheduler's client rate
+	// limits (--kube-api-qps, --kube-api-burst); zero keeps 200 and 400.
+	// Benchmarks of the scheduler raise them so that the limiter does not
+	// set the pace.
+	SchedulerAPIQPS, SchedulerAPIBurst int
 }
 
 // Cluster is a running local cluster. Stop it when done.
@@ -49,6 +54,8 @@ type Cluster struct {
 	client          kubernetes.Interface
 
 	components []*process // control plane, in start order
+	scheduler  *process
+	schedPort  int
 	nodes      []*Node
 	stopOnce   sync.Once
 
@@ -125,7 +132,7 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	if err := c.startControlPlane(ctx); err != nil {
+	if err := c.startControlPlane(ctx, opts); err != nil {
 		return err
 	}
 	for _, spec := range opts.Nodes {

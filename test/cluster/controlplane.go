@@ -44,7 +44,7 @@ const featureGates = "--feature-gates=GenericWorkload=true,DRAWorkloadResourceCl
 // workloadFeatureGates is featureGates for a KubeletConfiguration.
 var workloadFeatureGates = map[string]bool{"GenericWorkload": true, "DRAWorkloadResourceClaims": true}
 
-func (c *Cluster) startControlPlane(ctx context.Context) error {
+func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 	ca, err := newCertAuthority(c.pkiDir())
 	if err != nil {
 		return err
@@ -141,20 +141,33 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 
+	// As for the controller manager below: at the default 50 qps the
+	// scheduler's binds and events alone take ~10 s for a 256-pod gang.
+	qps, burst := 200, 400
+	if opts.SchedulerAPIQPS > 0 {
+		qps = opts.SchedulerAPIQPS
+	}
+	if opts.SchedulerAPIBurst > 0 {
+		burst = opts.SchedulerAPIBurst
+	}
 	scheduler, err := c.startComponent(ctx, "kube-scheduler", []string{c.bins.Scheduler,
 		"--kubeconfig=" + c.kubeconfigPath("kube-scheduler"),
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", schedPort),
 		"--cert-dir=" + filepath.Join(c.dir, "kube-scheduler"),
-		// As for the controller manager below: at the default 50 qps the
-		// scheduler's binds and events alone take ~10 s for a 256-pod gang.
-		"--kube-api-qps=200", "--kube-api-burst=400",
+		fmt.Sprintf("--kube-api-qps=%d", qps), fmt.Sprintf("--kube-api-burst=%d", burst),
+		// Client certificates of the cluster's CA authenticate, and the
+		// apiserver authorizes, requests to /metrics and /debug/pprof
+		// (SchedulerGet); without these only the health paths answer.
+		"--client-ca-file=" + caFile(c.pkiDir()),
+		"--authorization-kubeconfig=" + c.kubeconfigPath("kube-scheduler"),
 		featureGates,
 		"--v=2",
 	})
 	if err != nil {
 		return err
 	}
+	c.scheduler, c.schedPort = scheduler, schedPort
 	cm, err := c.startComponent(ctx, "kube-controller-manager", []string{c.bins.ControllerManager,
 		"--kubeconfig=" + c.kubeconfigPath("kube-controller-manager"),
 		"--leader-elect=false",

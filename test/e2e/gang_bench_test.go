@@ -3,18 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/inventory"
@@ -59,7 +53,14 @@ func placeGangOnce(b *testing.B, size int) time.Duration {
 	}
 	client := c.Client()
 	nodes := size / 8
-	stopLeases := simulateNodes(ctx, b, client, nodes)
+	// A DGX B200 (8 GPUs) placed in the GB200 trays' clique.
+	p := fixtures.Profile(b, "dgx-b200")
+	p.Fabric = fixtures.Profile(b, "gb200-nvl72-tray").Fabric
+	published := make([][]*resourceapi.ResourceSlice, nodes)
+	for i := range published {
+		published[i] = fixtures.Slices(b, p, simNodeName(i), inventory.Options{})
+	}
+	stopLeases := simulateNodes(ctx, b, client, published)
 	defer stopLeases()
 	ctl := startController(b, kubeconfig, "", nil)
 	defer ctl.stop()
@@ -104,78 +105,6 @@ func placeGangOnce(b *testing.B, size int) time.Duration {
 	}
 	b.Logf("gang of %d on %d nodes: pods created in %v, all bound in %v", size, nodes, created.Round(time.Millisecond), elapsed.Round(time.Millisecond))
 	return elapsed
-}
-
-// simulateNodes creates Ready nodes without kubelets, named sim-<i>, with a
-// DGX B200's slices in one NVLink clique, and keeps their Leases fresh so that
-// the node-lifecycle controller leaves them Ready, until the returned stop.
-func simulateNodes(ctx context.Context, b *testing.B, client kubernetes.Interface, n int) (stop func()) {
-	b.Helper()
-	// A DGX B200 (8 GPUs) placed in the GB200 trays' clique.
-	p := fixtures.Profile(b, "dgx-b200")
-	p.Fabric = fixtures.Profile(b, "gb200-nvl72-tray").Fabric
-	for i := range n {
-		name := fmt.Sprintf("sim-%d", i)
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
-		if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		// The node-lifecycle controller writes the new node too: retry.
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			list := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("128"), corev1.ResourceMemory: resource.MustParse("1Ti")}
-			n.Status.Capacity, n.Status.Allocatable = list, list
-			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Simulated", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-			_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			b.Fatalf("make node %s Ready: %v", name, err)
-		}
-		for _, s := range fixtures.Slices(b, p, name, inventory.Options{}) {
-			s.Name = ""
-			s.GenerateName = name + "-"
-			if _, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
-				b.Fatalf("publish slices of %s: %v", name, err)
-			}
-		}
-	}
-	renew := func() {
-		for i := range n {
-			name := fmt.Sprintf("sim-%d", i)
-			leases := client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-			now := metav1.NewMicroTime(time.Now())
-			l, err := leases.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				_, _ = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
-					Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &now}}, metav1.CreateOptions{})
-				continue
-			}
-			l.Spec.RenewTime = &now
-			_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
-		}
-	}
-	renew()
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				renew()
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
 }
 
 // waitDomainNodes waits until one domain pool covers n nodes.

@@ -71,3 +71,36 @@ var figures = []figure{
 	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10)},
 	{"gang_512_s", "BenchmarkGangPlacement/pods=512", "gang_512_s", "s", nil},
 }
+
+// schedCases and schedNodes are BenchmarkSchedulerThroughput's cases and the
+// node counts make bench runs; whole is the case the others are compared to.
+var (
+	schedCases = []string{"whole", "mig1g", "migwhole", "timeslice", "memshare"}
+	schedNodes = []int{100, 500}
+)
+
+func init() { figures = append(figures, schedFigures()...) }
+
+// schedFigures are BenchmarkSchedulerThroughput's keys: per node count and
+// case, pods/s, scheduler CPU per pod, p50 and p99 of creation to binding,
+// and each case's pods/s over the whole case's, measured in the same run
+// (goal: at least half).
+func schedFigures() []figure {
+	var out []figure
+	for _, nodes := range schedNodes {
+		for _, c := range schedCases {
+			bench := fmt.Sprintf("BenchmarkSchedulerThroughput/nodes=%d/case=%s", nodes, c)
+			key := func(f string) string { return fmt.Sprintf(f, c, nodes) }
+			out = append(out,
+				figure{key("sched_pods_per_s_%s_%d"), bench, "pods/s", "pods/s", nil},
+				figure{key("sched_cpu_ms_per_pod_%s_%d"), bench, "cpu-ms/pod", "ms", nil},
+				figure{key("sched_p50_ms_%s_%d"), bench, "ms/p50", "ms", nil},
+				figure{key("sched_p99_ms_%s_%d"), bench, "ms/p99", "ms", nil},
+			)
+			if c != "whole" {
+				out = append(out, figure{key("sched_%s_vs_whole_%d"), bench, "x/whole", "ratio", bound(">=", 0.5)})
+			}
+		}
+	}
+	return out
+}

@@ -81,3 +81,29 @@ func TestAFailedBenchmarkLeavesItsFiguresNullWithTheReason(t *testing.T) {
 		t.Errorf("publish_ms = %+v, want did not run", e)
 	}
 }
+
+func TestSchedulerFiguresAreKeyedByCaseAndNodeCount(t *testing.T) {
+	in := stream("example.com/e2e",
+		"BenchmarkSchedulerThroughput/nodes=500/case=mig1g-2 \t 1\t 53642351932 ns/op\t 75.85 cpu-ms/pod\t 88.94 ms/algorithm\t 24485 ms/p50\t 52079 ms/p99\t 11.19 pods/s\t 0 throttling-lines\t 0.2344 x/whole",
+		"PASS",
+	)
+	r := newResults()
+	if err := r.parse(strings.NewReader(in)); err != nil {
+		t.Fatal(err)
+	}
+	e := build(r)
+	for key, want := range map[string]float64{
+		"sched_pods_per_s_mig1g_500": 11.19, "sched_cpu_ms_per_pod_mig1g_500": 75.85,
+		"sched_p50_ms_mig1g_500": 24485, "sched_p99_ms_mig1g_500": 52079, "sched_mig1g_vs_whole_500": 0.2344,
+	} {
+		if v := e[key]; v.Value == nil || *v.Value != want {
+			t.Errorf("%s = %+v, want %v", key, v, want)
+		}
+	}
+	if v := e["sched_mig1g_vs_whole_500"]; v.Met == nil || *v.Met || v.Goal != ">= 0.5" {
+		t.Errorf("sched_mig1g_vs_whole_500 = %+v, want the goal >= 0.5 not met", v)
+	}
+	if _, ok := e["sched_whole_vs_whole_500"]; ok {
+		t.Error("the whole case has a ratio to itself")
+	}
+}
