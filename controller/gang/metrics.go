@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_gang_placement_attempts_total",
-			Help: "Gang placement attempts by result: placed, nofit (no domain fits the whole gang), rolledback (a write failed or a device was taken meanwhile).",
+			Help: "Gang placement attempts by result: placed, nofit (no domain fits the whole gang), stale (a device of the plan was taken after the fit check; found before writing), rolledback (a write failed or a device was taken meanwhile).",
 		}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tessera_gang_placement_duration_seconds",

@@ -194,8 +194,23 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		r.metrics.attempt("nofit")
 		return result{}, nil
 	}
-	id := uuid.NewString()[:8]
 	ws := writes(g, v, p)
+	// The scheduler goes on allocating while the search runs: check the plan
+	// against the claims as they are now before writing anything. The
+	// re-check after the writes undoes a double allocation, but the undoing
+	// has a cost: the scheduler counts each allocated device once, so
+	// clearing one of two claims that hold a device makes it forget the
+	// other's hold and hand the device out again.
+	if stale, err := conflicts(ctx, r.client, snap, nodes, planned(ws)); err != nil || stale != "" {
+		if err != nil {
+			return result{}, err
+		}
+		logger.V(2).Info("Placement taken before it was written", "domain", p.device(), "why", stale)
+		waiting(st, g.Generation, gangv1.ReasonConflict, "placement found taken before it was written, retrying: "+stale)
+		r.metrics.attempt("stale")
+		return result{requeueAfter: time.Second}, nil
+	}
+	id := uuid.NewString()[:8]
 	if g, err = r.recordPlacement(ctx, g, id, ws); err != nil {
 		return result{}, err
 	}

@@ -42,6 +42,9 @@ type fakeCluster struct {
 	pods    cache.Indexer
 	claims  cache.Indexer
 	nodes   cache.Indexer
+	// onReconcile, if set, runs once the listers are refilled, before the
+	// reconcile.
+	onReconcile func()
 }
 
 func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.Node) *fakeCluster {
@@ -121,6 +124,9 @@ func (f *fakeCluster) reconcile(ns, name string) (result, error) {
 		items = append(items, &nodes.Items[i])
 	}
 	_ = f.nodes.Replace(items, "")
+	if f.onReconcile != nil {
+		f.onReconcile()
+	}
 	return f.r.reconcile(f.ctx, ns, name)
 }
 

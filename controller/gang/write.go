@@ -62,6 +62,17 @@ func writes(g *gangv1.Gang, v *view, p *plan) []claimWrite {
 	return out
 }
 
+// planned is each claim of the writes as it would be once written.
+func planned(ws []claimWrite) []*resourceapi.ResourceClaim {
+	out := make([]*resourceapi.ResourceClaim, len(ws))
+	for i, w := range ws {
+		c := w.claim.DeepCopy()
+		c.Status.Allocation = w.alloc.DeepCopy()
+		out[i] = c
+	}
+	return out
+}
+
 // parallel runs f for 0..n-1 with bounded concurrency and joins the errors.
 func parallel(n int, f func(i int) error) error {
 	errs := make([]error, n)
@@ -150,12 +161,12 @@ func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id s
 }
 
 // conflicts re-reads every claim from the API server and checks that the
-// placement's claims still fit beside every other allocated claim (misfit):
-// the scheduler (or a second allocator) may have taken, between the snapshot
-// and the writes, one of the devices, a partition of a whole GPU the gang
-// got (shared counters), or more of a shared GPU's time slices or memory
-// than is left (consumable capacity). It says which claim no longer fits
-// and beside which; "" when all do.
+// placement's claims (as planned, or as written) still fit beside every
+// other allocated claim (misfit): the scheduler (or a second allocator) may
+// have taken, since the snapshot, one of the devices, a partition of a whole
+// GPU the gang got (shared counters), or more of a shared GPU's time slices
+// or memory than is left (consumable capacity). It says which claim no
+// longer fits and beside which; "" when all do.
 func conflicts(ctx context.Context, client kubernetes.Interface, snap *simulate.Snapshot, nodes map[string]*v1.Node, written []*resourceapi.ResourceClaim) (string, error) {
 	all, err := simulate.ListClaims(ctx, client)
 	if err != nil {

@@ -1,17 +1,22 @@
 package gang
 
 import (
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/deviceclass"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/inventory"
@@ -143,5 +148,61 @@ func TestTheReCheckFindsEveryConflictTheAllocatorWouldRefuse(t *testing.T) {
 	a, b := held("a", "memory.gpu.tessera.dev", "gpu-3", "memory=100Gi"), held("b", "memory.gpu.tessera.dev", "gpu-3", "memory=100Gi")
 	if got, err := conflicts(ctx, client, snap, nodes, []*resourceapi.ResourceClaim{a, b}); err != nil || !strings.Contains(got, "claim ml/b") {
 		t.Errorf("two members' 100 GiB shares of one 185 GiB GPU: conflict %q (%v), want claim ml/b named", got, err)
+	}
+}
+
+// A claim the scheduler allocates while the controller searches (after its
+// snapshot, before its writes) is seen before anything is written: the
+// controller writes no double allocation it could have known of. One it
+// writes is rolled back, but the scheduler counts each allocated device
+// once, so clearing one of two claims that hold a device makes it forget
+// the other's hold and hand the device out again.
+func TestAClaimAllocatedDuringTheSearchIsSeenBeforeAnyWrite(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.gangMembers(2)
+	// The rival takes every GPU of the tray right after the controller's
+	// snapshot has read the claims.
+	rival := newClaim("rival", "gpu.tessera.dev", 4)
+	rival.Status.Allocation = &resourceapi.AllocationResult{}
+	for i := range 4 {
+		rival.Status.Allocation.Devices.Results = append(rival.Status.Allocation.Devices.Results,
+			resourceapi.DeviceRequestAllocationResult{Request: "gpus", Driver: driver, Pool: "a1", Device: fmt.Sprintf("gpu-%d", i)})
+	}
+	claims := resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
+	var armed, taken atomic.Bool
+	f.client.PrependReactor("list", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !armed.Load() || taken.Swap(true) {
+			return false, nil, nil
+		}
+		list, err := f.client.Tracker().List(claims, resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"), a.GetNamespace())
+		if err == nil {
+			err = f.client.Tracker().Add(rival)
+		}
+		return true, list, err
+	})
+	f.onReconcile = func() { armed.Store(true) }
+	res, err := f.reconcile("ml", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !taken.Load() {
+		t.Fatal("the controller read no claims: the rival was never allocated")
+	}
+	for _, a := range f.client.Actions() {
+		u, ok := a.(k8stesting.UpdateAction)
+		if !ok || a.GetResource() != claims || a.GetSubresource() != "status" {
+			continue
+		}
+		if c := u.GetObject().(*resourceapi.ResourceClaim); c.Status.Allocation != nil {
+			t.Errorf("wrote claim %s allocated %+v beside the rival allocated after the snapshot", c.Name, c.Status.Allocation.Devices.Results)
+		}
+	}
+	g := f.gang("ml", "g")
+	if why := conditionMessage(&g.Status, gangv1.ConditionWaiting); !strings.Contains(why, "claim ml/rival") || res.requeueAfter <= 0 {
+		t.Errorf("gang waits %q and looks again in %v; want a wait naming claim ml/rival and a look again", why, res.requeueAfter)
+	}
+	if _, ok := g.Annotations[gangv1.AnnotationUncommitted]; ok {
+		t.Errorf("a placement was recorded although none was written")
 	}
 }

@@ -39,6 +39,12 @@ import (
 
 const domainClass = "domain.gpu.tessera.dev"
 
+// unschedulableGrace is the controller's --unschedulable-grace in the tests:
+// long enough for the scheduler's retries of a member whose claims it has
+// not seen allocated yet; short for the tests of a member that cannot be
+// scheduled or is refused at prepare.
+const unschedulableGrace = 15 * time.Second
+
 // installController applies the Gang CRD and the controller's RBAC and
 // returns a kubeconfig of the controller's service account.
 func installController(ctx context.Context, c *cluster.Cluster) (string, error) {
@@ -85,11 +91,8 @@ func startController(t testing.TB, kubeconfig, topologyKey string, interrupt fun
 		TopologyKey: topologyKey, Channels: 8,
 		LeaderElect: true, LeaseNamespace: rbac.Namespace, LeaseName: "tessera-controller",
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
-		Interrupt: interrupt,
-		// Long enough for the scheduler's retries of a member whose claims
-		// it has not seen allocated yet; short for the test of a member
-		// that cannot be scheduled.
-		UnschedulableGrace: 15 * time.Second,
+		Interrupt:          interrupt,
+		UnschedulableGrace: unschedulableGrace,
 	}
 	// A free port for /metrics, as the chart gives it one.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

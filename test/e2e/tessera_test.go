@@ -198,12 +198,7 @@ func newGPUPod(ns, name string, claims ...corev1.PodResourceClaim) *corev1.Pod {
 // onNode pins a pod to a node through the scheduler (node affinity), so
 // that its claims are still allocated by the scheduler.
 func onNode(pod *corev1.Pod, node string) *corev1.Pod {
-	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-		}}},
-	}}
-	return pod
+	return onNodes(pod, node)
 }
 
 // gpuTemplate is a claim template for count whole GPUs.

@@ -1,0 +1,386 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/test/gpunode"
+)
+
+// This file holds TestGangPlacement's race of a gang against a stream of
+// small pods for one clique: real concurrency, no hook, and assertions that
+// hold whatever the interleaving.
+
+// streamNodes are the trays of clique A, where the small pods go; a blocker
+// takes two GPUs of tray-a1, so the clique has 14 GPUs left for a gang of 8
+// and the stream.
+var streamNodes = []string{"tray-a1", "tray-a2", "tray-a3", "tray-a4"}
+
+const (
+	streamGangSize = 8
+	// streamCreators create and delete small pods concurrently; the first
+	// asks for a 1g MIG partition, the others for a whole GPU.
+	streamCreators = 4
+	// smallPodWait: how long a creator waits for its pod to run before it
+	// deletes it anyway (the clique may be full).
+	smallPodWait = 20 * time.Second
+	// streamCap bounds the stream: it stops this long after the gang was
+	// created if the gang has not run whole before.
+	streamCap = 60 * time.Second
+)
+
+// smallPodStream: a gang of 8 one-GPU members of an indexed Job is created
+// while four goroutines keep creating and deleting small pods (whole GPUs
+// and 1g partitions) on the same clique, whose 14 free GPUs are a little
+// more than both need. The scheduler allocates the small pods' claims while the
+// controller writes the gang's, with nothing to order them. Watched event by
+// event, with the test's own ledger of the published slices:
+//   - no hardware is used by two running pods, ever (a device, or a GPU and
+//     one of its partitions); two claims may overlap (the documented race
+//     with the scheduler's in-flight allocation) but no longer than the
+//     repair bound, and never two gang members' claims;
+//   - no member runs while another does not for longer than the repair
+//     bound;
+//   - a gang that waits with no placement in progress holds nothing;
+//   - a small pod bound to a node ran, or lost a double allocation to a
+//     member that ran (the documented limit); a member bound that never ran
+//     had the gang placed again (MemberLost);
+//   - once the stream stops, the gang runs whole in clique A, and nothing
+//     is allocated twice.
+func (e gangEnv) smallPodStream(ctx context.Context, t *testing.T) {
+	const ns = "stream"
+	e.setUp(ctx, t, ns)
+	client := e.c.Client()
+	e.c.createTemplates(ctx, t, gpuTemplate(ns, "two-gpus", 2), migTemplate(ns, "one-slice", "1g.23gb"))
+	e.c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-a1"))
+
+	repair := unschedulableGrace + 30*time.Second
+	w := newRaceWatch(client, e.gs.dyn, "train", streamGangSize, repair)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	w.start(wctx, t, e.gs.dyn, ns)
+	checkLedger(ctx, t, e.c, streamNodes[0])
+
+	s := &smallStream{c: e.c, w: w, ns: ns, stop: make(chan struct{})}
+	var wg sync.WaitGroup
+	errs := make([]error, streamCreators)
+	for i := range streamCreators {
+		claim := gpuFrom("one-gpu")
+		if i == 0 {
+			claim = corev1.PodResourceClaim{Name: "mig", ResourceClaimTemplateName: ptr.To("one-slice")}
+		}
+		wg.Go(func() {
+			if errs[i] = s.create(ctx, i, claim); errs[i] != nil {
+				s.failed.Store(true)
+			}
+		})
+	}
+	stopStream := sync.OnceFunc(func() { close(s.stop); wg.Wait() })
+	defer stopStream()
+	isSmall := func(p *corev1.Pod) bool { return p.Labels["role"] == "small" }
+	eventually(ctx, t, time.Minute, "four small pods ran before the gang", func() bool {
+		return s.failed.Load() || w.count(func(p *corev1.Pod, ran bool) bool { return isSmall(p) && ran }) >= 4
+	})
+	if s.failed.Load() {
+		stopStream()
+		t.Fatalf("the stream of small pods: %v", errors.Join(errs...))
+	}
+
+	began, before := time.Now(), s.created.Load()
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec: gangv1.GangSpec{Size: streamGangSize, DomainClaimName: "g-domain",
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", streamGangSize, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+
+	// The stream runs until the gang has run whole and four more small pods
+	// were created beside it, or for streamCap.
+	var wholeAfter time.Duration
+	var during int32
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, streamCap, true, func(context.Context) (bool, error) {
+		if wholeAfter == 0 && w.isWhole() {
+			wholeAfter, during = time.Since(began), s.created.Load()-before
+		}
+		return s.failed.Load() || wholeAfter > 0 && s.created.Load()-before-during >= 4, nil
+	})
+	stopStream()
+	total := s.created.Load() - before
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("the stream of small pods: %v", err)
+	}
+	streamed := time.Since(began)
+	if wholeAfter == 0 {
+		during = total
+	}
+	if during == 0 {
+		t.Fatal("no small pod was created while the gang was being placed: the test raced nothing")
+	}
+	e.deleteSmallPods(ctx, t, ns)
+
+	// The gang ends whole in clique A, and nothing is held twice.
+	pods, g := e.waitWhole(ctx, t, ns, "train", streamGangSize)
+	checkPlacedIn(ctx, t, e.c, ns, g, pods, streamNodes)
+	eventually(ctx, t, repair, "no claims overlapping once the stream stopped", func() bool { return len(w.openClashes()) == 0 })
+	stopWatch()
+
+	r := w.report()
+	for _, f := range r.failures {
+		t.Error(f)
+	}
+	var smallCreated, smallRan, smallUnbound, smallAbandoned int
+	var lost []string
+	for uid, p := range r.pods {
+		switch {
+		case isSmall(p):
+			smallCreated++
+			switch {
+			case r.ran[uid]:
+				smallRan++
+			case !r.bound[uid]:
+				smallUnbound++
+			case s.abandoned(p.Name):
+				smallAbandoned++
+			default:
+				member := r.lostTo(p, func(o *corev1.Pod) bool { return o.Labels[jobName] == "train" })
+				if member == "" {
+					t.Errorf("small pod %s was bound to %s and never ran, and no member ran on its hardware: a prepare refused or stuck for another reason", p.Name, p.Spec.NodeName)
+				} else {
+					lost = append(lost, fmt.Sprintf("small pod %s to member %s", p.Name, member))
+				}
+			}
+		case p.Labels[jobName] == "train" && r.bound[uid] && !r.ran[uid]:
+			why := r.lostTo(p, isSmall)
+			lost = append(lost, fmt.Sprintf("member %s to %q", p.Name, why))
+			if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) {
+				t.Errorf("member %s was bound and never ran (lost to %q), yet the gang has no %s event; events:\n%s", p.Name, why, gangv1.ReasonMemberLost, e.c.events(ctx, ns))
+			}
+		}
+	}
+	if r.waitingLooks == 0 && wholeAfter == 0 {
+		t.Errorf("the gang never ran whole during the stream, and never waited holding nothing either")
+	}
+	var clashes []string
+	for _, c := range r.clashes {
+		clashes = append(clashes, fmt.Sprintf("%s for %v", c.String(), c.lasted.Round(10*time.Millisecond)))
+	}
+	t.Logf("stream of %d small pods (%d ran, %d never bound: the clique was full, %d deleted bound when the stream stopped), %d created while the gang was placed, %d after it ran whole in %v; stream stopped after %v",
+		smallCreated, smallRan, smallUnbound, smallAbandoned, during, total-during, wholeAfter.Round(100*time.Millisecond), streamed.Round(100*time.Millisecond))
+	t.Logf("%d looks at the claims and pods, %d at a waiting gang; members ran split for at most %v; %d overlaps: %v; double allocations lost at prepare: %v; placement %s on %v",
+		r.looks, r.waitingLooks, r.longestSplit.Round(10*time.Millisecond), len(r.clashes), clashes, lost, g.Annotations[gangv1.AnnotationCommitted], g.Status.Nodes)
+	t.Logf("gang events:\n%s", gangEvents(ctx, e.c, ns))
+}
+
+// smallStream creates and deletes small pods on streamNodes until stop.
+type smallStream struct {
+	c       *tesseraCluster
+	w       *raceWatch
+	ns      string
+	stop    chan struct{}
+	created atomic.Int32
+	// failed: a creator stopped on an error.
+	failed atomic.Bool
+	// left: pods deleted before they could run because the stream stopped.
+	left sync.Map
+}
+
+// abandoned says whether the stream deleted the pod because it stopped.
+func (s *smallStream) abandoned(name string) bool {
+	_, ok := s.left.Load(name)
+	return ok
+}
+
+// create is one creator: it creates a pod, waits until it runs (at most
+// smallPodWait), deletes it and starts the next, until the stream stops.
+func (s *smallStream) create(ctx context.Context, id int, claim corev1.PodResourceClaim) error {
+	pods := s.c.Client().CoreV1().Pods(s.ns)
+	for n := 0; ; n++ {
+		select {
+		case <-s.stop:
+			return nil
+		default:
+		}
+		pod := onNodes(newGPUPod(s.ns, fmt.Sprintf("small-%d-%d", id, n), claim), streamNodes...)
+		pod.Labels = map[string]string{"role": "small"}
+		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create small pod %s: %w", pod.Name, err)
+		}
+		s.created.Add(1)
+		_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, smallPodWait, true, func(context.Context) (bool, error) {
+			if p := s.w.pod(pod.Name); p != nil && p.Status.Phase == corev1.PodRunning {
+				return true, nil
+			}
+			select {
+			case <-s.stop:
+				s.left.Store(pod.Name, true)
+				return true, nil
+			default:
+				return false, nil
+			}
+		})
+		if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete small pod %s: %w", pod.Name, err)
+		}
+	}
+}
+
+// deleteSmallPods deletes what the stream left and waits until it is gone.
+func (e gangEnv) deleteSmallPods(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	pods := e.c.Client().CoreV1().Pods(ns)
+	noErr(t, pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "role=small"}))
+	eventually(ctx, t, 2*time.Minute, "the small pods gone", func() bool {
+		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: "role=small"})
+		return err == nil && len(list.Items) == 0
+	})
+}
+
+// waitWhole waits until the gang's committed placement runs whole: size
+// live members of the Job, all running with that placement, and the gang's
+// Running condition true.
+func (e gangEnv) waitWhole(ctx context.Context, t *testing.T, ns, name string, size int) ([]corev1.Pod, *gangv1.Gang) {
+	t.Helper()
+	var g *gangv1.Gang
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		g = e.gs.get(ctx, t, ns, name)
+		id := g.Annotations[gangv1.AnnotationCommitted]
+		list, err := e.c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=" + name})
+		if err != nil || id == "" {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.DeletionTimestamp != nil {
+				return false, nil
+			}
+			if p.Status.Phase == corev1.PodRunning && p.Annotations[gangv1.AnnotationPlacement] == id {
+				pods = append(pods, p)
+			}
+		}
+		return len(list.Items) == size && len(pods) == size && conditionStatus(g, gangv1.ConditionRunning), nil
+	})
+	if err != nil {
+		list, _ := e.c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=" + name})
+		var b strings.Builder
+		for _, p := range list.Items {
+			fmt.Fprintf(&b, "  pod %s: %s node=%q placement=%q deleting=%v\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Annotations[gangv1.AnnotationPlacement], p.DeletionTimestamp != nil)
+		}
+		t.Fatalf("gang %s/%s does not run whole:\n%s%sevents:\n%s", ns, name, describeConditions(g), b.String(), e.c.events(ctx, ns))
+	}
+	return pods, g
+}
+
+// checkPlacedIn checks that every member runs on one of the nodes with one
+// GPU of its node, and that the domain claim is a channel of clique A
+// reserved for the members.
+func checkPlacedIn(ctx context.Context, t *testing.T, c *tesseraCluster, ns string, g *gangv1.Gang, pods []corev1.Pod, nodes []string) {
+	t.Helper()
+	for i := range pods {
+		p := &pods[i]
+		claim := c.claimOf(ctx, t, p, "gpu")
+		if !slices.Contains(nodes, p.Spec.NodeName) || len(allocatedDevices(claim)) != 1 {
+			t.Errorf("member %s runs on %s with %v, want one GPU on one of %v", p.Name, p.Spec.NodeName, allocatedDevices(claim), nodes)
+		}
+	}
+	dc := getClaim(ctx, t, c, ns, g.Spec.DomainClaimName)
+	if a := dc.Status.Allocation; a == nil || len(a.Devices.Results) != 1 || a.Devices.Results[0].Pool != poolA || len(dc.Status.ReservedFor) != len(pods) {
+		t.Errorf("domain claim %s: allocation %+v reserved for %d pods, want one channel of %s for %d", dc.Name, dc.Status.Allocation, len(dc.Status.ReservedFor), poolA, len(pods))
+	}
+	if !strings.HasPrefix(g.Status.Domain, poolA+"/") {
+		t.Errorf("gang placed in %q, want clique A (%s)", g.Status.Domain, poolA)
+	}
+}
+
+// checkLedger shows the ledger's verdicts on the node's real slices: a whole
+// GPU clashes with one of its partitions and with itself, not with another
+// GPU, and two partitions of one GPU on distinct slices do not clash.
+func checkLedger(ctx context.Context, t *testing.T, c *tesseraCluster, node string) {
+	t.Helper()
+	list, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	noErr(t, err)
+	var all []*resourceapi.ResourceSlice
+	pool := ""
+	for i := range list.Items {
+		all = append(all, &list.Items[i])
+		if list.Items[i].Spec.NodeName != nil && *list.Items[i].Spec.NodeName == node {
+			pool = list.Items[i].Spec.Pool.Name
+		}
+	}
+	l := newLedger(all)
+	claim := func(name string, devices ...string) *resourceapi.ResourceClaim {
+		rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ledger", Name: name}}
+		rc.Status.Allocation = &resourceapi.AllocationResult{}
+		for _, d := range devices {
+			rc.Status.Allocation.Devices.Results = append(rc.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{Driver: gpunode.DriverName, Pool: pool, Device: d})
+		}
+		return rc
+	}
+	for _, tc := range []struct {
+		a, b  string
+		clash bool
+	}{
+		{"gpu-0", "gpu-0", true},
+		{"gpu-0", "gpu-0-mig-1g23gb-6", true},
+		{"gpu-0", "gpu-1", false},
+		{"gpu-0-mig-1g23gb-0", "gpu-0-mig-1g23gb-6", false},
+		{"gpu-0-mig-1g23gb-0", "gpu-0-mig-2g47gb-0", true},
+	} {
+		for _, d := range []string{tc.a, tc.b} {
+			if _, ok := l.devices[gpunode.DriverName+"/"+pool+"/"+d]; !ok {
+				t.Fatalf("ledger: node %s (pool %q) publishes no device %s", node, pool, d)
+			}
+		}
+		if got := l.clashes([]*resourceapi.ResourceClaim{claim("a", tc.a), claim("b", tc.b)}); (len(got) > 0) != tc.clash {
+			t.Fatalf("ledger: claims of %s and %s clash: %v, want %v", tc.a, tc.b, got, tc.clash)
+		}
+	}
+}
+
+// onNodes confines a pod to the nodes through the scheduler (node
+// affinity: one term per node, as a field selector takes one name), so that
+// its claims are still allocated by the scheduler.
+func onNodes(pod *corev1.Pod, nodes ...string) *corev1.Pod {
+	var terms []corev1.NodeSelectorTerm
+	for _, n := range nodes {
+		terms = append(terms, corev1.NodeSelectorTerm{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}},
+		})
+	}
+	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms},
+	}}
+	return pod
+}
+
+// gangEvents lists the namespace's events about gangs.
+func gangEvents(ctx context.Context, c *tesseraCluster, ns string) string {
+	list, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, e := range list.Items {
+		if e.InvolvedObject.Kind == gangv1.Kind {
+			fmt.Fprintf(&b, "  %s x%d: %s\n", e.Reason, max(e.Count, 1), e.Message)
+		}
+	}
+	return b.String()
+}
