@@ -115,12 +115,16 @@ func one[T any](t *testing.T, combo string, objs []T) T {
 
 // runFlags parses and validates a container's arguments exactly as the
 // binary does (component.Run, with o its options) and checks that every
-// environment variable the container sets is one a flag falls back to.
-func runFlags(t *testing.T, combo string, ctr corev1.Container, o component.Options) {
+// environment variable the container sets is one a flag falls back to,
+// except those the values add as they are (extra, e.g. kubeletPlugin.extraEnv).
+func runFlags(t *testing.T, combo string, ctr corev1.Container, o component.Options, extra ...string) {
 	t.Helper()
 	fs := pflag.NewFlagSet(ctr.Command[0], pflag.ContinueOnError)
 	o.AddFlags(fs)
 	for _, e := range ctr.Env {
+		if slices.Contains(extra, e.Name) {
+			continue
+		}
 		used := false
 		fs.VisitAll(func(f *pflag.Flag) { used = used || strings.Contains(f.Usage, "Environment: "+e.Name+".") })
 		if !used {
@@ -130,6 +134,20 @@ func runFlags(t *testing.T, combo string, ctr corev1.Container, o component.Opti
 	if err := component.Run(ctr.Command[0], ctr.Args, o, func(context.Context) error { return nil }); err != nil {
 		t.Errorf("%s: %s refuses its arguments %q: %v", combo, ctr.Command[0], ctr.Args, err)
 	}
+}
+
+// extraEnvNames are the names of the environment variables a component's
+// values (e.g. Values["kubeletPlugin"]) add through extraEnv.
+func extraEnvNames(component any) []string {
+	values, _ := component.(map[string]any)
+	env, _ := values["extraEnv"].([]any)
+	var names []string
+	for _, e := range env {
+		if m, ok := e.(map[string]any); ok {
+			names = append(names, fmt.Sprint(m["name"]))
+		}
+	}
+	return names
 }
 
 // fieldRefs maps a container's environment variables to their downward-API
@@ -156,7 +174,7 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 		pod := ds.Spec.Template.Spec
 		ctr := one(t, c.Name, pod.Containers)
 		var o plugin.Options
-		runFlags(t, c.Name, ctr, &o)
+		runFlags(t, c.Name, ctr, &o, extraEnvNames(c.Values["kubeletPlugin"])...)
 		wantRefs := map[string]string{"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid"}
 		if got := fieldRefs(ctr); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
 			t.Errorf("%s: downward-API environment %v, want %v", c.Name, got, wantRefs)

@@ -68,6 +68,9 @@ type AuditEvent struct {
 	RequestURI string `json:"requestURI"`
 	User       struct {
 		Username string `json:"username"`
+		// Extra holds a bound token's claims, e.g.
+		// authentication.kubernetes.io/node-name and pod-name.
+		Extra map[string][]string `json:"extra"`
 	} `json:"user"`
 	ObjectRef      *AuditObjectRef `json:"objectRef"`
 	ResponseStatus *struct {
@@ -84,6 +87,19 @@ type AuditObjectRef struct {
 	Resource    string `json:"resource"`
 	Subresource string `json:"subresource"`
 	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
+}
+
+// AuditEvents reads this cluster's audit log: empty unless
+// AuditServiceAccounts was called before the cluster started.
+func (c *Cluster) AuditEvents() ([]AuditEvent, error) {
+	auditing.Lock()
+	dir := auditing.dir
+	auditing.Unlock()
+	if dir == "" {
+		return nil, fmt.Errorf("no audit log: AuditServiceAccounts was not called before the cluster started")
+	}
+	return readAuditLog(filepath.Join(dir, filepath.Base(c.dir)+".audit.log"))
 }
 
 // ReadAuditEvents reads every audit log AuditServiceAccounts had written to
@@ -96,24 +112,33 @@ func ReadAuditEvents(dir string) ([]AuditEvent, error) {
 	}
 	var events []AuditEvent
 	for _, p := range paths {
-		f, err := os.Open(p)
+		e, err := readAuditLog(p)
 		if err != nil {
-			return nil, fmt.Errorf("read audit log: %w", err)
+			return nil, err
 		}
-		s := bufio.NewScanner(f)
-		s.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
-		for s.Scan() {
-			var e AuditEvent
-			if err := json.Unmarshal(s.Bytes(), &e); err != nil {
-				_ = f.Close()
-				return nil, fmt.Errorf("audit log %s: %w", p, err)
-			}
-			events = append(events, e)
-		}
-		_ = f.Close()
-		if err := s.Err(); err != nil {
+		events = append(events, e...)
+	}
+	return events, nil
+}
+
+func readAuditLog(p string) ([]AuditEvent, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	var events []AuditEvent
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
+	for s.Scan() {
+		var e AuditEvent
+		if err := json.Unmarshal(s.Bytes(), &e); err != nil {
 			return nil, fmt.Errorf("audit log %s: %w", p, err)
 		}
+		events = append(events, e)
+	}
+	if err := s.Err(); err != nil {
+		return nil, fmt.Errorf("audit log %s: %w", p, err)
 	}
 	return events, nil
 }

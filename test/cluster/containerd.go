@@ -330,3 +330,47 @@ func (n *Node) ContainerLog(namespace, pod, podUID, container string) (string, e
 	}
 	return b.String(), nil
 }
+
+// ImportImages imports the images of an OCI archive (test/ociimage's
+// WriteArchive) into a real-runtime node's containerd, where the kubelet
+// finds them under their names; pods must not pull them (imagePullPolicy
+// Never).
+func (n *Node) ImportImages(ctx context.Context, archive string) error {
+	if n.real == nil {
+		return fmt.Errorf("node %s runs no real container runtime: it cannot hold images", n.name)
+	}
+	return n.real.ctr(ctx, "images", "import", archive)
+}
+
+// ReadFile reads a file as a real-runtime node's processes see it, in the
+// node's mount namespace: the volumes the kubelet mounts for pods (tmpfs
+// projected tokens) are visible only there.
+func (n *Node) ReadFile(path string) ([]byte, error) {
+	if n.real == nil {
+		return nil, fmt.Errorf("node %s runs no real container runtime", n.name)
+	}
+	return os.ReadFile(filepath.Join("/proc", strconv.Itoa(n.real.holder.cmd.Process.Pid), "root", path))
+}
+
+// Glob is filepath.Glob in a real-runtime node's mount namespace; the
+// matches are paths there.
+func (n *Node) Glob(pattern string) ([]string, error) {
+	if n.real == nil {
+		return nil, fmt.Errorf("node %s runs no real container runtime", n.name)
+	}
+	root := filepath.Join("/proc", strconv.Itoa(n.real.holder.cmd.Process.Pid), "root")
+	matches, err := filepath.Glob(filepath.Join(root, pattern))
+	for i, m := range matches {
+		matches[i] = strings.TrimPrefix(m, root)
+	}
+	return matches, err
+}
+
+// RuncRoot is runc's state directory on a real-runtime node (below it
+// <containerd namespace>/<container ID>/state.json); empty on other nodes.
+func (n *Node) RuncRoot() string {
+	if n.real == nil {
+		return ""
+	}
+	return filepath.Join(n.real.dir, "state", "runc")
+}

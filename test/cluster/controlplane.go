@@ -54,7 +54,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(5)
+	ports, err := FreePorts(5)
 	if err != nil {
 		return err
 	}
@@ -226,8 +226,9 @@ func httpCheck(url string) func(context.Context) error {
 	}
 }
 
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
+// FreePorts returns n distinct free TCP ports on 127.0.0.1, e.g. for
+// hostNetwork pods of a real-runtime node.
+func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var listeners []net.Listener
 	defer func() {

@@ -50,13 +50,17 @@ const BusyboxImage = ociimage.BusyboxName
 // dir, the scratch dirs mounted over /var/lib and /var/log inside the
 // namespace, the runtime socket and the kubelet's configuration.
 type Node struct {
-	name        string
-	dir         string
-	cluster     *Cluster
-	runtime     *criRuntime  // FakeRuntime
-	real        *realRuntime // RealContainerd
-	argv        []string
-	healthzPort int
+	name    string
+	dir     string
+	cluster *Cluster
+	runtime *criRuntime  // FakeRuntime
+	real    *realRuntime // RealContainerd
+	// standardPaths: the kubelet root and CDI dirs are where a real node
+	// keeps them, /var/lib/kubelet and /var/run/cdi in the node's namespace
+	// (RealContainerd).
+	standardPaths bool
+	argv          []string
+	healthzPort   int
 
 	mu      sync.Mutex
 	kubelet *process
@@ -65,8 +69,34 @@ type Node struct {
 // Name is the node's name.
 func (n *Node) Name() string { return n.name }
 
-// KubeletRootDir is the kubelet's --root-dir.
-func (n *Node) KubeletRootDir() string { return filepath.Join(n.dir, "kubelet") }
+// KubeletRootDir is the kubelet's --root-dir. On a real-runtime node it is
+// also /var/lib/kubelet in the node's namespace, so a DaemonSet's hostPath
+// volumes with the usual paths (the Helm chart's defaults) reach it; the
+// path returned is the same directory seen from the host (and the node).
+func (n *Node) KubeletRootDir() string {
+	if n.standardPaths {
+		return filepath.Join(n.dir, "var-lib", "kubelet")
+	}
+	return filepath.Join(n.dir, "kubelet")
+}
+
+// NodeKubeletDir is a real-runtime node's kubelet root dir as the node's
+// processes (kubelet, containerd, containers) see it; KubeletRootDir is the
+// same directory seen from the host. The kubelet's mounts for pods (e.g.
+// projected tokens) below it are visible only in the node's namespace
+// (Node.ReadFile).
+const NodeKubeletDir = "/var/lib/kubelet"
+
+// kubeletRootArg is the kubelet's --root-dir. A real-runtime node's kubelet
+// gets the short path of its namespace: unix socket paths are limited to
+// 107 bytes, and the kubelet dials plugins' registration sockets below it
+// (the chart's are named after the plugin's pod UID).
+func (n *Node) kubeletRootArg() string {
+	if n.standardPaths {
+		return NodeKubeletDir
+	}
+	return n.KubeletRootDir()
+}
 
 // RegistrarDir is where the kubelet looks for plugin registration sockets.
 func (n *Node) RegistrarDir() string { return filepath.Join(n.KubeletRootDir(), "plugins_registry") }
@@ -75,8 +105,14 @@ func (n *Node) RegistrarDir() string { return filepath.Join(n.KubeletRootDir(), 
 func (n *Node) PluginsDir() string { return filepath.Join(n.KubeletRootDir(), "plugins") }
 
 // CDIDir is the node's CDI spec directory: give it to the plugin as
-// --cdi-root; the node's runtime resolves CDI devices from it.
-func (n *Node) CDIDir() string { return filepath.Join(n.dir, "cdi") }
+// --cdi-root; the node's runtime resolves CDI devices from it. On a
+// real-runtime node it is also /var/run/cdi in the node's namespace.
+func (n *Node) CDIDir() string {
+	if n.standardPaths {
+		return filepath.Join(n.dir, "var-run", "cdi")
+	}
+	return filepath.Join(n.dir, "cdi")
+}
 
 // Containers returns every container the fake runtime created on this node,
 // with the OCI spec it got after CDI injection, oldest first. A real-runtime
@@ -92,14 +128,14 @@ func (n *Node) Containers() []RecordedContainer {
 func (n *Node) KubeletLog() string { return n.cluster.logPath("kubelet-" + n.name) }
 
 func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
-	n := &Node{name: spec.Name, dir: nodeDir(c.dir, spec.Name), cluster: c}
+	n := &Node{name: spec.Name, dir: nodeDir(c.dir, spec.Name), cluster: c, standardPaths: spec.Runtime == RealContainerd}
 	for _, d := range []string{n.KubeletRootDir(), n.RegistrarDir(), n.PluginsDir(), n.CDIDir(),
 		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("node %s: create %s: %w", n.name, d, err)
 		}
 	}
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +195,7 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		c.bins.Kubelet,
 		"--config="+config,
 		"--kubeconfig="+kubeconfig,
-		"--root-dir="+n.KubeletRootDir(),
+		"--root-dir="+n.kubeletRootArg(),
 		"--hostname-override="+n.name,
 		// The kubelet refuses a loopback node IP for the Node's addresses
 		// and logs so at each status update ("nodeIP can't be loopback

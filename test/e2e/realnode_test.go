@@ -25,12 +25,19 @@ import (
 type realNodeSteps struct {
 	t    *testing.T
 	node *cluster.Node
+	// logs, if set, returns more components' log lines (e.g. a plugin
+	// pod's container log), headed by their names.
+	logs func() string
 }
 
 func (s realNodeSteps) fail(step string, format string, args ...any) {
 	s.t.Helper()
-	s.t.Fatalf("step %q failed: %s\n==== last lines of %s\n%s\n==== last lines of %s\n%s", step, fmt.Sprintf(format, args...),
-		s.node.ContainerdLog(), logTail(s.node.ContainerdLog(), 25), s.node.KubeletLog(), logTail(s.node.KubeletLog(), 25))
+	more := ""
+	if s.logs != nil {
+		more = s.logs()
+	}
+	s.t.Fatalf("step %q failed: %s\n==== last lines of %s\n%s\n==== last lines of %s\n%s\n%s", step, fmt.Sprintf(format, args...),
+		s.node.ContainerdLog(), logTail(s.node.ContainerdLog(), 25), s.node.KubeletLog(), logTail(s.node.KubeletLog(), 25), more)
 }
 
 // run creates the pod and waits until its container has written a line
@@ -143,15 +150,31 @@ func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
-	step = "GPU pod sees its devices, environment and driver files, and only its GPU"
-	t0 = time.Now()
+	checkGPUPod(ctx, t, c, steps, ns, n.Name())
+	c.deletePodsAndWait(ctx, t, hello)
+	t.Logf("test body took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// checkGPUPod runs a pod with a one-GPU claim in namespace ns on node, a
+// real-runtime node with Tessera's plugin, and checks from inside its
+// container that it sees the device nodes of its GPU and of the driver's
+// control devices as character devices with NVIDIA's numbers (containerd
+// injected them from Tessera's CDI spec, runc created them), its GPU's UUID
+// in NVIDIA_VISIBLE_DEVICES and TESSERA_GPU_<n>_UUID, the driver library,
+// and the devices cgroup: it can open its GPU but not another one. Then it
+// deletes the pod and waits until its claim is unprepared.
+func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+	t.Helper()
+	n := c.nodes[node]
+	step := "GPU pod sees its devices, environment and driver files, and only its GPU"
+	t0 := time.Now()
 	if _, err := c.Client().ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "one-gpu", 1), metav1.CreateOptions{}); err != nil {
 		steps.fail(step, "create claim template: %v", err)
 	}
 	pod := busyboxPod(ns, "gpu", n.Name(), gpuProbe)
 	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
 	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-	pod, out = steps.run(ctx, c, step, pod)
+	pod, out := steps.run(ctx, c, step, pod)
 	got := parseProbe(out)
 	claim := c.claimOf(ctx, t, pod, "gpu")
 	devices := allocatedDevices(claim)
@@ -197,10 +220,9 @@ func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
 
 	step = "deleted pods stop, their claim is unprepared"
 	t0 = time.Now()
-	c.deletePodsAndWait(ctx, t, hello, pod)
+	c.deletePodsAndWait(ctx, t, pod)
 	waitNoCDISpecs(ctx, t, n)
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
-	t.Logf("test body took %v", time.Since(start).Round(time.Millisecond))
 }
 
 // probeResult is what gpuProbe printed.

@@ -39,7 +39,7 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.kubeletPlugin
 
 {{/* The plugin's data directory on the host (--plugin-data-dir). */}}
 {{- define "tessera.kubeletPlugin.dataDir" -}}
-/var/lib/kubelet/plugins/gpu.tessera.dev
+{{ .Values.kubeletPlugin.kubeletDir }}/plugins/gpu.tessera.dev
 {{- end }}
 
 {{/*
