@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/tessera-dev/tessera/test/cachedir"
 )
 
 // The versions test/k8sbin pins; binaries_test.go checks they match its
@@ -25,17 +27,7 @@ type Binaries struct {
 
 // CacheDir is where test/k8sbin/build.sh puts binaries:
 // $TESSERA_CACHE/bin, default $HOME/.cache/tessera/bin.
-func CacheDir() string {
-	root := os.Getenv("TESSERA_CACHE")
-	if root == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			home = "/root"
-		}
-		root = filepath.Join(home, ".cache", "tessera")
-	}
-	return filepath.Join(root, "bin")
-}
+func CacheDir() string { return filepath.Join(cachedir.Root(), "bin") }
 
 // FindBinaries returns the cached binaries, or an error saying which are
 // missing and how to build them.

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/tessera-dev/tessera/test/cachedir"
 )
 
 // packagesFile lists the Debian packages the images are made of, one a line
@@ -31,17 +32,7 @@ func Packages() []string {
 
 // DebDir is where build.sh puts the Debian packages: $TESSERA_CACHE/debs,
 // default $HOME/.cache/tessera/debs.
-func DebDir() string {
-	root := os.Getenv("TESSERA_CACHE")
-	if root == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			home = "/root"
-		}
-		root = filepath.Join(home, ".cache", "tessera")
-	}
-	return filepath.Join(root, "debs")
-}
+func DebDir() string { return filepath.Join(cachedir.Root(), "debs") }
 
 // FindDeb returns the one downloaded .deb of the package in dir.
 func FindDeb(dir, pkg string) (string, error) {
