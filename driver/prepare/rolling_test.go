@@ -5,7 +5,9 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -305,5 +307,60 @@ func TestAPrepareARebuildLostMeanwhileDoesNotShareItsGPU(t *testing.T) {
 	}
 	if r := mps.Running(); len(r) != 0 {
 		t.Errorf("daemons left running: %v", r)
+	}
+}
+
+// TestConcurrentSectionsShareTheNodeLockAndOneWrite: in a rolling update,
+// the sections of concurrent claims waiting for the node lock (here four
+// unprepares of whole GPUs, one checkpoint change each, while the other
+// instance holds the lock) run as a batch: at most two checkpoint writes
+// (the first caller's batch and the rest's), not one each.
+func TestConcurrentSectionsShareTheNodeLockAndOneWrite(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "dgx-h100")
+	e.rolling = true
+	cfg := e.config()
+	var writes atomic.Int32
+	cfg.Checkpoint.OnWrite = func(time.Duration) { writes.Add(1) }
+	m, err := prepare.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims []*resourceapi.ResourceClaim
+	for _, d := range []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"} {
+		c := claim("c-"+d, d)
+		if _, err := m.Prepare(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		claims = append(claims, c)
+	}
+
+	unlock, err := nodelock.New(e.dataDir).LockNode() // the other instance
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, len(claims))
+	for _, c := range claims {
+		go func() { errs <- m.Unprepare(ctx, c.UID) }()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for m.SectionsUnderWay() < len(claims) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d unprepares reached the node lock", m.SectionsUnderWay(), len(claims))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	writes.Store(0)
+	unlock()
+	for range claims {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := writes.Load(); n > 2 {
+		t.Errorf("%d concurrent unprepares wrote the checkpoint %d times, want at most 2", len(claims), n)
+	}
+	if got, err := m.Snapshot(ctx); err != nil || len(got) != 0 {
+		t.Errorf("claims left: %v (%v)", got, err)
 	}
 }

@@ -208,6 +208,8 @@ type Manager struct {
 	pending []*section
 	leading bool
 	inBatch atomic.Bool
+	// sections counts the callers of locked not yet returned.
+	sections atomic.Int32
 }
 
 // New loads the checkpoint and brings the node to a consistent state (see
@@ -428,6 +430,8 @@ func (m *Manager) locked(ctx context.Context, fn func() error) error {
 		return fn()
 	}
 	r := &section{fn: fn, done: make(chan error, 1), lead: make(chan struct{})}
+	m.sections.Add(1)
+	defer m.sections.Add(-1)
 	m.batchMu.Lock()
 	m.pending = append(m.pending, r)
 	leader := !m.leading
