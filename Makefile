@@ -56,7 +56,7 @@ include test/cluster.mk
 # control-plane binaries, built once into $(TESSERA_CACHE)), and the fuzz
 # targets' seed corpora. Tests never skip: a missing prerequisite fails them.
 test: cluster-bins
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 45m ./...
 	$(GO) test -race -count=1 -tags faultinject ./driver/prepare/
 	$(MAKE) oracle
 

@@ -108,7 +108,15 @@ func (e gangEnv) smallPodStream(ctx context.Context, t *testing.T) {
 		Spec: gangv1.GangSpec{Size: streamGangSize, DomainClaimName: "g-domain",
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
 	})
-	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", streamGangSize, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	// A repair (a member refused at prepare) evicts all eight members at
+	// once. The Job controller's pod-failure backoff counts them all, even
+	// the evictions its podFailurePolicy ignores: 10 s doubled per failure,
+	// up to 10 minutes before it recreates any. Per-index limits back off
+	// each index on its own failures (one each), as docs/gang.md advises
+	// for gangs of Jobs.
+	job := indexedJob(ns, "train", streamGangSize, "one-gpu", "g-domain")
+	job.Spec.BackoffLimitPerIndex = ptr.To(int32(100))
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})))
 	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
 
 	// The stream runs until the gang has run whole and four more small pods
@@ -259,7 +267,9 @@ func (e gangEnv) waitWhole(ctx context.Context, t *testing.T, ns, name string, s
 	t.Helper()
 	var g *gangv1.Gang
 	var pods []corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	// Bounded by the Job controller's backoff after a repair (see the Job
+	// above), not by the gang controller.
+	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 6*time.Minute, true, func(ctx context.Context) (bool, error) {
 		g = e.gs.get(ctx, t, ns, name)
 		id := g.Annotations[gangv1.AnnotationCommitted]
 		list, err := e.c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=" + name})
