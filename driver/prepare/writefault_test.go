@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
@@ -122,6 +124,52 @@ func (e *env) startFailingWrite(n int) (m *prepare.Manager, heal func()) {
 	}
 }
 
+// startFailingCheckpointWrite is startFailingWrite for the checkpoint alone:
+// its n-th write from now fails (a directory stands where the file is
+// renamed to) while the rest of the data directory (the host device nodes'
+// records) stays writable; heal puts the last file written back.
+func (e *env) startFailingCheckpointWrite(n int) (m *prepare.Manager, heal func()) {
+	e.t.Helper()
+	path := filepath.Join(e.dataDir, checkpoint.FileName)
+	kept := path + ".kept"
+	var broken atomic.Bool
+	brk := func() {
+		if err := os.Rename(path, kept); err != nil {
+			e.t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(path, "in-the-way"), 0o755); err != nil {
+			e.t.Fatal(err)
+		}
+		broken.Store(true)
+	}
+	cfg := e.config()
+	var writes atomic.Int32
+	counting := false
+	cfg.Checkpoint.OnWrite = func(time.Duration) {
+		if counting && int(writes.Add(1)) == n-1 {
+			brk()
+		}
+	}
+	m, err := prepare.New(context.Background(), cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	counting = true
+	if n == 1 {
+		brk()
+	}
+	return m, func() {
+		if broken.Load() {
+			if err := os.RemoveAll(path); err != nil {
+				e.t.Fatal(err)
+			}
+			if err := os.Rename(kept, path); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+	}
+}
+
 // An attempt that died inside the partition's creation (its GPU instance
 // made, not its compute instance) leaves an instance no workload can use;
 // the retry by a rolling update's other instance, from the started mark,
@@ -193,7 +241,7 @@ func TestAFailedStartedMarkOnARetryKeepsTheEarlierAttemptsRecord(t *testing.T) {
 	ctx := context.Background()
 	c := crashClaim("crash", part, "")
 	// Writes: the started mark, the partition's UUID, the completed mark.
-	m, heal := e.startFailingWrite(3)
+	m, heal := e.startFailingCheckpointWrite(3)
 	if _, err := m.Prepare(ctx, c); err == nil {
 		t.Fatal("the prepare succeeded with its completed mark failing")
 	}
@@ -241,7 +289,7 @@ func TestAFailedStartedMarkOnARetryKeepsTheEarlierAttemptsRecord(t *testing.T) {
 func TestAPrepareOfAClaimAllocatedAgainUndoesTheEarlierAttempt(t *testing.T) {
 	e := newCrashEnv(t)
 	ctx := context.Background()
-	m, heal := e.startFailingWrite(3)
+	m, heal := e.startFailingCheckpointWrite(3)
 	if _, err := m.Prepare(ctx, crashClaim("crash", part, "")); err == nil {
 		t.Fatal("the prepare succeeded with its completed mark failing")
 	}
