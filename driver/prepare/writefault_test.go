@@ -92,36 +92,8 @@ func TestAPrepareRetriedAfterAFailedCheckpointWriteSucceeds(t *testing.T) {
 func (e *env) startFailingWrite(n int) (m *prepare.Manager, heal func()) {
 	e.t.Helper()
 	gone := e.dataDir + ".gone"
-	var broken atomic.Bool
-	brk := func() {
-		if err := os.Rename(e.dataDir, gone); err != nil {
-			e.t.Fatal(err)
-		}
-		broken.Store(true)
-	}
-	cfg := e.config()
-	var writes atomic.Int32
-	counting := false
-	cfg.Checkpoint.OnWrite = func(time.Duration) {
-		if counting && int(writes.Add(1)) == n-1 {
-			brk()
-		}
-	}
-	m, err := prepare.New(context.Background(), cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	counting = true
-	if n == 1 {
-		brk()
-	}
-	return m, func() {
-		if broken.Load() {
-			if err := os.Rename(gone, e.dataDir); err != nil {
-				e.t.Fatal(err)
-			}
-		}
-	}
+	return e.startBreakingAtWrite(n, func() error { return os.Rename(e.dataDir, gone) },
+		func() error { return os.Rename(gone, e.dataDir) })
 }
 
 // startFailingCheckpointWrite is startFailingWrite for the checkpoint alone:
@@ -132,12 +104,29 @@ func (e *env) startFailingCheckpointWrite(n int) (m *prepare.Manager, heal func(
 	e.t.Helper()
 	path := filepath.Join(e.dataDir, checkpoint.FileName)
 	kept := path + ".kept"
+	return e.startBreakingAtWrite(n,
+		func() error {
+			if err := os.Rename(path, kept); err != nil {
+				return err
+			}
+			return os.MkdirAll(filepath.Join(path, "in-the-way"), 0o755)
+		},
+		func() error {
+			if err := os.RemoveAll(path); err != nil {
+				return err
+			}
+			return os.Rename(kept, path)
+		})
+}
+
+// startBreakingAtWrite starts a Manager and runs brk just before its n-th
+// checkpoint write from now (after the one before it); heal runs mend if
+// brk ran.
+func (e *env) startBreakingAtWrite(n int, brk, mend func() error) (m *prepare.Manager, heal func()) {
+	e.t.Helper()
 	var broken atomic.Bool
-	brk := func() {
-		if err := os.Rename(path, kept); err != nil {
-			e.t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(path, "in-the-way"), 0o755); err != nil {
+	doBreak := func() {
+		if err := brk(); err != nil {
 			e.t.Fatal(err)
 		}
 		broken.Store(true)
@@ -147,7 +136,7 @@ func (e *env) startFailingCheckpointWrite(n int) (m *prepare.Manager, heal func(
 	counting := false
 	cfg.Checkpoint.OnWrite = func(time.Duration) {
 		if counting && int(writes.Add(1)) == n-1 {
-			brk()
+			doBreak()
 		}
 	}
 	m, err := prepare.New(context.Background(), cfg)
@@ -156,14 +145,11 @@ func (e *env) startFailingCheckpointWrite(n int) (m *prepare.Manager, heal func(
 	}
 	counting = true
 	if n == 1 {
-		brk()
+		doBreak()
 	}
 	return m, func() {
 		if broken.Load() {
-			if err := os.RemoveAll(path); err != nil {
-				e.t.Fatal(err)
-			}
-			if err := os.Rename(kept, path); err != nil {
+			if err := mend(); err != nil {
 				e.t.Fatal(err)
 			}
 		}
