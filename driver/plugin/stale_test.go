@@ -33,11 +33,13 @@ func TestClaimsDeletedWhileThePluginWasDownAreUnprepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.restart()
-	// The unprepare runs in the background: wait for its last step, the
-	// claim leaving the plugin's record.
+	// The unprepare runs in the background: wait for both of its steps, the
+	// claim leaving the plugin's record and its CDI spec being removed. A
+	// whole-GPU claim has nothing else to undo, so its record goes first
+	// (in the unprepare's one checkpoint write) and the spec after it.
 	stillPrepared := func() bool {
 		_, ok := h.plugin.Manager().PreparedClaims()["uid-gone"]
-		return ok
+		return ok || specExists(h, "uid-gone")
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for stillPrepared() && time.Now().Before(deadline) {
