@@ -36,6 +36,7 @@ import (
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/driverfiles"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
@@ -171,10 +172,13 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 	}
 }
 
-// libDirs are where the driver's libraries live under the mounted root.
+// libDirs are where the driver's libraries may live under the mounted
+// root: every directory the containers' driver files are looked for in
+// (driverfiles.LibDirs), in the same order. The MPS-lock policy pins this
+// value: change both together.
 func libDirs() []string {
 	var out []string
-	for _, dir := range []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib"} {
+	for _, dir := range driverfiles.LibDirs {
 		out = append(out, driverRootMount+"/"+dir)
 	}
 	return out

@@ -144,3 +144,30 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// TestDaemonFindsTheDriverWhereverTheDistributionInstalledIt: the daemon
+// loads libcuda and libnvidia-ml from the driver root, so its loader path
+// covers every directory a distribution installs the driver's libraries in
+// (the containers' CDI specs find them in each): Debian and Ubuntu
+// multiarch with and without the merged /usr, Red Hat and SUSE lib64 with
+// and without it, Grace's aarch64 multiarch, and plain /usr/lib.
+func TestDaemonFindsTheDriverWhereverTheDistributionInstalledIt(t *testing.T) {
+	d := &mps.Daemons{Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/"}
+	pod := d.Pod(prepare.MPSDaemon{MPSDaemon: d.Locate("uid-1"), ClaimUID: "uid-1", ClaimNamespace: "ml", ClaimName: "infer", Devices: []string{"GPU-a"}})
+	var path []string
+	for _, e := range pod.Spec.Containers[0].Env {
+		if e.Name == "LD_LIBRARY_PATH" {
+			path = strings.Split(e.Value, ":")
+		}
+	}
+	for _, dir := range []string{
+		"usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu",
+		"usr/lib64", "lib64",
+		"usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu",
+		"usr/lib",
+	} {
+		if !slices.Contains(path, "/driver-root/"+dir) {
+			t.Errorf("the daemon's LD_LIBRARY_PATH %v lacks /driver-root/%s: a driver installed there is not found", path, dir)
+		}
+	}
+}
