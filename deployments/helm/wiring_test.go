@@ -211,11 +211,7 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 				t.Errorf("%s: %s is not a host path mounted at the same path", c.Name, dir)
 			}
 		}
-		u := ds.Spec.UpdateStrategy
-		if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil ||
-			u.RollingUpdate.MaxSurge.String() != "1" || u.RollingUpdate.MaxUnavailable.String() != "0" {
-			t.Errorf("%s: update strategy %+v, want a rolling update with maxSurge 1, maxUnavailable 0", c.Name, u)
-		}
+		// The update strategy: TestPluginUpgradesCanProceed.
 		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.HealthAddress)
 		checkMetrics(t, c.Name, ctr, o.MetricsAddress, componentValue(c.Values, "kubeletPlugin", "metricsBindAddress"))
 		if ctr.SecurityContext == nil || ctr.SecurityContext.Privileged == nil || !*ctr.SecurityContext.Privileged {
@@ -411,5 +407,35 @@ func checkWebhookCA(t *testing.T, c Combination, r rendered, vwc *admissionregis
 	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
 	if secretName != secret || !slices.Contains(dnsNames, svc.Name+"."+svc.Namespace+".svc") {
 		t.Errorf("%s: Certificate writes %q for %v; want the mounted Secret %q for %s.%s.svc", c.Name, secretName, dnsNames, secret, svc.Name, svc.Namespace)
+	}
+}
+
+// TestPluginUpgradesCanProceed: the DaemonSet's rolling update must be able
+// to finish on every node. In the pod network it surges (the new plugin pod
+// starts beside the old one, which leaves once the new one is ready: no
+// kubelet call goes unserved). In the host network a pod's container ports
+// are the node's ports, so a surge pod would wait forever for its old pod's
+// ports (the scheduler refuses it the node): there the old pod must go
+// first.
+func TestPluginUpgradesCanProceed(t *testing.T) {
+	for _, c := range Combinations() {
+		ds := one(t, c.Name, find[*appsv1.DaemonSet](renderT(t, c)))
+		pod := ds.Spec.Template.Spec
+		u := ds.Spec.UpdateStrategy
+		if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxSurge == nil || u.RollingUpdate.MaxUnavailable == nil {
+			t.Errorf("%s: update strategy %+v, want a rolling update with maxSurge and maxUnavailable", c.Name, u)
+			continue
+		}
+		surge, unavailable := u.RollingUpdate.MaxSurge.IntValue(), u.RollingUpdate.MaxUnavailable.IntValue()
+		ports := 0
+		for _, ctr := range pod.Containers {
+			ports += len(ctr.Ports)
+		}
+		switch {
+		case pod.HostNetwork && ports > 0 && (surge != 0 || unavailable != 1):
+			t.Errorf("%s: in the host network with %d container ports, maxSurge %d and maxUnavailable %d: a surge pod can never take the node's ports; want 0 and 1", c.Name, ports, surge, unavailable)
+		case !pod.HostNetwork && (surge != 1 || unavailable != 0):
+			t.Errorf("%s: in the pod network, maxSurge %d and maxUnavailable %d, want 1 and 0: the new plugin starts before the old one leaves", c.Name, surge, unavailable)
+		}
 	}
 }
