@@ -64,6 +64,10 @@ type Options struct {
 	// CDIHook is the host path of tessera-cdi-hook, which the CDI specs
 	// run to update the containers' loader cache; empty leaves it out.
 	CDIHook string
+	// RegistrationWait bounds how long the first publish waits for the
+	// kubelet's registration (registration.go); zero means
+	// DefaultRegistrationWait. Not a flag.
+	RegistrationWait time.Duration
 
 	// Health tunes device health monitoring (feature gate DeviceHealth).
 	Health health.Options

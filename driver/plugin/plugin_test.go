@@ -37,6 +37,8 @@ type harness struct {
 	opts    plugin.Options
 	plugin  *plugin.Plugin
 	kubelet *kubeletsim.Kubelet
+	// unregistered: startWith leaves starting the plugin to the test.
+	unregistered bool
 }
 
 // shortDir keeps unix socket paths under the 108-byte limit.
@@ -80,6 +82,13 @@ func startOnFakeNode(t *testing.T, profile string, adjust func(o *plugin.Options
 // fake API server holding this node.
 func startWith(t *testing.T, adjust func(dir string, o *plugin.Options), apiServer ...func(*fake.Clientset)) *harness {
 	t.Helper()
+	return newHarness(t, false, adjust, apiServer...)
+}
+
+// newHarness is startWith, but unless started it starts no plugin: the test
+// does (plugin.Start, kubeletsim.Register).
+func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plugin.Options), apiServer ...func(*fake.Clientset)) *harness {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
@@ -88,7 +97,7 @@ func startWith(t *testing.T, adjust func(dir string, o *plugin.Options), apiServ
 	if err := os.WriteFile(bootID, []byte("boot-1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, ctx: ctx,
+	h := &harness{t: t, ctx: ctx, unregistered: unregistered,
 		client: fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}}),
 		opts: plugin.Options{
 			CDIRoot:       filepath.Join(dir, "cdi"),
@@ -120,7 +129,9 @@ func startWith(t *testing.T, adjust func(dir string, o *plugin.Options), apiServ
 	if err := h.opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h.restart()
+	if !h.unregistered {
+		h.restart()
+	}
 	return h
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -50,6 +51,10 @@ type Plugin struct {
 	server *metricsserver.Server
 	// mps runs MPS daemons; nil without --mps-image.
 	mps *mps.Daemons
+	// registered is closed once the kubelet registered the plugin: the
+	// first publish waits for it, at most registrationWait.
+	registered       *registration
+	registrationWait time.Duration
 }
 
 // Files the plugin keeps in --plugin-data-dir besides the checkpoint.
@@ -179,6 +184,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, err
 	}
+	registered := newRegistration()
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(slices.DriverName),
 		kubeletplugin.NodeName(o.Node.NodeName),
@@ -193,6 +199,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		// the checkpoint, starting from what is on disk (prepare.Config's
 		// Shared, driver/nodelock).
 		kubeletplugin.Serialize(false),
+		kubeletplugin.GRPCInterceptor(registered.interceptor),
 	}
 	if shared != nil {
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)))
@@ -203,7 +210,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		server.Stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, registered: registered, registrationWait: o.RegistrationWait}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {
@@ -234,6 +241,13 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeName string, gpus []discovery.GPU, opts inventory.Options, inv *inventory.Inventory, monitor *health.Monitor) {
 	var taints map[string][]resourceapi.DeviceTaint
 	first := true
+	wait := p.registrationWait
+	if wait == 0 {
+		wait = DefaultRegistrationWait
+	}
+	if !p.registered.wait(ctx, wait) && ctx.Err() == nil {
+		klog.FromContext(ctx).Info("The kubelet has not registered the plugin yet; publishing the node's devices anyway", "waited", wait)
+	}
 	publish := func() {
 		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
 		if err == nil && first {

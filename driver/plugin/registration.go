@@ -1,0 +1,57 @@
+package plugin
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// DefaultRegistrationWait bounds how long the first publish waits for the
+// kubelet to register the plugin. The kubelet's plugin watcher registers a
+// new socket within about a second.
+const DefaultRegistrationWait = 5 * time.Second
+
+// registration tells when the kubelet has registered this plugin instance.
+//
+// The node's devices are published only after that (or after
+// Options.RegistrationWait, to publish on a kubelet that never registers
+// us as well): the scheduler sends pods to a node as soon as its slices
+// are there, and a pod whose kubelet does not know the driver yet fails
+// its prepare and is retried only a minute later (the kubelet's pod
+// backoff).
+type registration struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func newRegistration() *registration { return &registration{done: make(chan struct{})} }
+
+// interceptor watches the kubelet's calls on the registration socket: a
+// NotifyRegistrationStatus saying the plugin is registered, served without
+// error, marks it registered.
+func (r *registration) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if err == nil && info.FullMethod == registerapi.Registration_NotifyRegistrationStatus_FullMethodName {
+		if s, ok := req.(*registerapi.RegistrationStatus); ok && s.PluginRegistered {
+			r.once.Do(func() { close(r.done) })
+		}
+	}
+	return resp, err
+}
+
+// wait returns true once the plugin is registered, false when ctx ends or
+// max passes first.
+func (r *registration) wait(ctx context.Context, max time.Duration) bool {
+	timer := time.NewTimer(max)
+	defer timer.Stop()
+	select {
+	case <-r.done:
+		return true
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	return false
+}

@@ -1,0 +1,56 @@
+package plugin_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-dev/tessera/driver/nodeopen"
+	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/test/kubeletsim"
+)
+
+// TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin: the scheduler
+// sends pods to a node as soon as its slices are there, and a pod whose
+// kubelet does not know the driver yet fails its prepare and waits a
+// minute for the kubelet's retry. So a fresh node's devices are published
+// only after the kubelet registered the plugin.
+func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
+	h := newHarness(t, true, func(dir string, o *plugin.Options) {
+		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "pcie-l4x4", FakeRoot: filepath.Join(dir, "host")}
+		o.RegistrationWait = time.Hour
+	})
+	p, err := plugin.Start(h.ctx, h.opts, h.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	published := func() int {
+		list, err := h.client.ResourceV1().ResourceSlices().List(h.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
+	// Give a wrong early publish the time it would take.
+	time.Sleep(500 * time.Millisecond)
+	if n := published(); n != 0 {
+		t.Fatalf("%d slices published before the kubelet registered the plugin", n)
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+	defer cancel()
+	k, err := kubeletsim.Register(ctx, h.opts.RegistrarDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return published() > 0, nil
+	}); err != nil {
+		t.Fatalf("no slice published after the kubelet registered the plugin: %v", err)
+	}
+}

@@ -1,0 +1,116 @@
+// Package chartnode runs Tessera as its chart installs it on the local
+// cluster's real-runtime nodes (test/cluster): Tessera's image built
+// without a container engine, the chart's values that make such a node a
+// simulated GPU node, and the DaemonSet's plugin pod as it comes up. The
+// end-to-end tests and `make demo` share it.
+package chartnode
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-dev/tessera/test/cluster"
+	"github.com/tessera-dev/tessera/test/ociimage"
+)
+
+// GPUNodeLabel is the label the chart's default node selector asks for.
+var GPUNodeLabel = map[string]string{"nvidia.com/gpu.present": "true"}
+
+// PluginSelector selects the DaemonSet's plugin pods.
+const PluginSelector = "app.kubernetes.io/component=kubelet-plugin"
+
+// BuildImage builds Tessera's binaries and image as `make image-oci` does,
+// from the module in moduleDir, and writes it under dir as an OCI archive
+// holding it under each of names; it returns the archive's path.
+func BuildImage(ctx context.Context, moduleDir, dir string, names ...string) (string, error) {
+	bin := filepath.Join(dir, "bin")
+	if err := ociimage.BuildBinaries(ctx, moduleDir, bin); err != nil {
+		return "", fmt.Errorf("build Tessera's binaries for its image: %w", err)
+	}
+	img, err := ociimage.Tessera(ociimage.DebDir(), bin)
+	if err != nil {
+		return "", fmt.Errorf("assemble Tessera's image: %w", err)
+	}
+	images := map[string]v1.Image{}
+	for _, n := range names {
+		images[n] = img
+	}
+	archive := filepath.Join(dir, "tessera.oci.tar")
+	if err := ociimage.WriteArchive(archive, images); err != nil {
+		return "", fmt.Errorf("write Tessera's image: %w", err)
+	}
+	return archive, nil
+}
+
+// ImageValues are the chart's image values for image (repository:tag),
+// which the node holds already.
+func ImageValues(image string) map[string]any {
+	repository, tag, _ := strings.Cut(image, ":")
+	return map[string]any{"repository": repository, "tag": tag, "pullPolicy": "Never"}
+}
+
+// Values are the chart's values that run the kubelet plugin from image on
+// c's real-runtime nodes, simulating fakenode profile. The kubelet and CDI
+// dirs are the chart's defaults (a real-runtime node has them where a real
+// node does). Since the local cluster runs no Service proxy, the plugin
+// runs in the node's network with the API server's loopback address in
+// place of the kubernetes Service; its health and metrics ports are free
+// ports of that network. The controller is off: its pods would need the
+// Service network too.
+func Values(c *cluster.Cluster, image, profile string) (map[string]any, error) {
+	api, err := url.Parse(c.RESTConfig().Host)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := cluster.FreePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{
+		"image": ImageValues(image),
+		"kubeletPlugin": map[string]any{
+			"fakeNode":    profile,
+			"hostNetwork": true,
+			"extraEnv": []any{
+				map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
+				map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
+			},
+			"healthPort":   ports[0],
+			"metricsPort":  ports[1],
+			"logVerbosity": 4,
+		},
+		"controller": map[string]any{"enabled": false},
+	}, nil
+}
+
+// PluginPod returns the DaemonSet's plugin pod on node in namespace ns if
+// it is the only one there, is not the pod with UID not (if set), runs
+// image and is ready; otherwise nil and what it found instead.
+func PluginPod(ctx context.Context, client kubernetes.Interface, ns, node, image string, not types.UID) (*corev1.Pod, string) {
+	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: PluginSelector, FieldSelector: "spec.nodeName=" + node})
+	switch {
+	case err != nil:
+		return nil, err.Error()
+	case len(pods.Items) != 1:
+		return nil, fmt.Sprintf("%d plugin pods on node %s", len(pods.Items), node)
+	}
+	p := &pods.Items[0]
+	switch {
+	case p.UID == not:
+		return nil, fmt.Sprintf("pod %s is still the one that was there", p.Name)
+	case p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready:
+		return nil, fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+	case p.Status.ContainerStatuses[0].Image != image:
+		return nil, fmt.Sprintf("pod %s runs image %q, want %q", p.Name, p.Status.ContainerStatuses[0].Image, image)
+	}
+	return p, ""
+}
