@@ -8,11 +8,13 @@ package chartnode
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"path/filepath"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,12 +27,18 @@ import (
 // GPUNodeLabel is the label the chart's default node selector asks for.
 var GPUNodeLabel = map[string]string{"nvidia.com/gpu.present": "true"}
 
+// NameLabel is the image label BuildImage sets to the image's name.
+const NameLabel = "test.tessera.dev/image"
+
 // PluginSelector selects the DaemonSet's plugin pods.
 const PluginSelector = "app.kubernetes.io/component=kubelet-plugin"
 
 // BuildImage builds Tessera's binaries and image as `make image-oci` does,
 // from the module in moduleDir, and writes it under dir as an OCI archive
-// holding it under each of names; it returns the archive's path.
+// holding it under each of names; it returns the archive's path. Each name
+// gets an image of its own (the same files, its name in a label), so that
+// a container's status names the image it runs: with one image under two
+// names, the runtime may report either.
 func BuildImage(ctx context.Context, moduleDir, dir string, names ...string) (string, error) {
 	bin := filepath.Join(dir, "bin")
 	if err := ociimage.BuildBinaries(ctx, moduleDir, bin); err != nil {
@@ -42,7 +50,19 @@ func BuildImage(ctx context.Context, moduleDir, dir string, names ...string) (st
 	}
 	images := map[string]v1.Image{}
 	for _, n := range names {
-		images[n] = img
+		cfg, err := img.ConfigFile()
+		if err != nil {
+			return "", fmt.Errorf("read the image's configuration: %w", err)
+		}
+		cfg = cfg.DeepCopy()
+		cfg.Config.Labels = maps.Clone(cfg.Config.Labels)
+		if cfg.Config.Labels == nil {
+			cfg.Config.Labels = map[string]string{}
+		}
+		cfg.Config.Labels[NameLabel] = n
+		if images[n], err = mutate.ConfigFile(img, cfg); err != nil {
+			return "", fmt.Errorf("label image %s: %w", n, err)
+		}
 	}
 	archive := filepath.Join(dir, "tessera.oci.tar")
 	if err := ociimage.WriteArchive(archive, images); err != nil {

@@ -3,7 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/url"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,81 +12,47 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/test/chartnode"
 	"github.com/tessera-dev/tessera/test/cluster"
 	"github.com/tessera-dev/tessera/test/gpunode"
-	"github.com/tessera-dev/tessera/test/ociimage"
+	"github.com/tessera-dev/tessera/test/helmrelease"
 )
 
 // tesseraImage is the name Tessera's image, built by test/ociimage, has on
-// real-runtime nodes.
-const tesseraImage = "tessera.test/tessera:e2e"
+// real-runtime nodes; upgradeImage is the same image under the tag a helm
+// upgrade moves to.
+const (
+	tesseraImage = "tessera.test/tessera:e2e"
+	upgradeImage = "tessera.test/tessera:e2e-upgrade"
+)
 
-// buildTesseraImage builds Tessera's binaries and image as `make image-oci`
-// does and writes it to an OCI archive under dir.
+// buildTesseraImage builds Tessera's image as `make image-oci` does and
+// writes it to an OCI archive under dir, named tesseraImage and
+// upgradeImage.
 func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
 	t.Helper()
 	start := time.Now()
-	bin := filepath.Join(dir, "bin")
-	if err := ociimage.BuildBinaries(ctx, "../..", bin); err != nil {
-		t.Fatalf("build Tessera's binaries for its image: %v", err)
-	}
-	img, err := ociimage.Tessera(ociimage.DebDir(), bin)
+	archive, err := chartnode.BuildImage(ctx, "../..", dir, tesseraImage, upgradeImage)
 	if err != nil {
-		t.Fatalf("assemble Tessera's image: %v", err)
-	}
-	archive := filepath.Join(dir, "tessera.oci.tar")
-	if err := ociimage.WriteArchive(archive, map[string]v1.Image{tesseraImage: img}); err != nil {
-		t.Fatalf("write Tessera's image: %v", err)
+		t.Fatal(err)
 	}
 	t.Logf("Tessera's image built in %v", time.Since(start).Round(time.Millisecond))
 	return archive
-}
-
-// chartOnRealNodeValues are the chart's values that run the kubelet plugin
-// from image tesseraImage on a real-runtime node, simulating profile. The
-// kubelet and CDI dirs are the chart's defaults (a real-runtime node has
-// them where a real node does); since the local cluster runs no Service
-// proxy, the plugin runs in the node's network with the API server's
-// loopback address in place of the kubernetes Service; its health and
-// metrics ports are free ports of that network.
-func chartOnRealNodeValues(t *testing.T, c *cluster.Cluster, profile string) map[string]any {
-	t.Helper()
-	api, err := url.Parse(c.RESTConfig().Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports, err := cluster.FreePorts(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return map[string]any{
-		"namespace": map[string]any{"create": true},
-		"image":     map[string]any{"repository": strings.Split(tesseraImage, ":")[0], "tag": strings.Split(tesseraImage, ":")[1], "pullPolicy": "Never"},
-		"kubeletPlugin": map[string]any{
-			"fakeNode":    profile,
-			"hostNetwork": true,
-			"extraEnv": []any{
-				map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
-				map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
-			},
-			"healthPort":   ports[0],
-			"metricsPort":  ports[1],
-			"logVerbosity": 4,
-		},
-		"controller": map[string]any{"enabled": false},
-	}
 }
 
 // TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart, as
@@ -100,7 +66,11 @@ func chartOnRealNodeValues(t *testing.T, c *cluster.Cluster, profile string) map
 // with a token bound to the node and the pod. With that same token the
 // node-lock policy refuses a slice of another node. A pod with a one-GPU
 // claim then runs on the node under runc and sees its GPU's device nodes,
-// environment and driver file, and only its GPU (gpuProbe).
+// environment and driver file, and only its GPU (gpuProbe); its image, a
+// /usr/lib64 layout, finds libcuda.so.1 in the loader cache the chart's
+// tessera-cdi-hook wrote (checkGPUPod). A pod with a 1g.10gb partition sees
+// its parent GPU and exactly its partition's MIG capability nodes
+// (checkMIGPod).
 func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
@@ -110,7 +80,7 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	const nodeName, profile = "real-1", "dgx-h100"
 	c := cluster.StartT(t, cluster.Options{Nodes: []cluster.NodeSpec{{
 		Name: nodeName, Runtime: cluster.RealContainerd,
-		Labels: map[string]string{"nvidia.com/gpu.present": "true"}, // the chart's default node selector
+		Labels: chartnode.GPUNodeLabel,
 	}}})
 	node := c.Node(nodeName)
 	ns := helm.DefaultRelease.Namespace
@@ -135,23 +105,25 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
-	step = "the chart is installed"
+	step = "helm install --create-namespace installs the chart"
 	t0 = time.Now()
-	manifests, err := helm.Render(ctx, chartOnRealNodeValues(t, c, profile), helm.DefaultRelease)
+	release, err := helmrelease.New(ctx, "../..", filepath.Join(t.TempDir(), "helm"), c.AdminKubeconfig(), ns)
 	if err != nil {
-		steps.fail(step, "render: %v", err)
+		steps.fail(step, "%v", err)
 	}
-	a := newApplier(t, c.RESTConfig())
-	created, _ := a.install(ctx, t, "real-node", manifests)
-	t.Logf("%s: %d objects in %v", step, len(created), time.Since(t0).Round(time.Millisecond))
+	values, err := chartnode.Values(c, tesseraImage, profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := release.Install(ctx, helm.DefaultRelease.Name, values); err != nil {
+		steps.fail(step, "%v", err)
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
 	step = "the DaemonSet's pod runs the plugin from Tessera's image under runc"
 	t0 = time.Now()
-	pluginPod = waitForPluginPod(ctx, steps, c.Client(), ns, nodeName, step)
+	pluginPod = waitForPluginPod(ctx, steps, c.Client(), ns, nodeName, tesseraImage, "", step)
 	status := pluginPod.Status.ContainerStatuses[0]
-	if status.Image != tesseraImage {
-		steps.fail(step, "the plugin's container runs image %q, want %q", status.Image, tesseraImage)
-	}
 	id, found := strings.CutPrefix(status.ContainerID, "containerd://")
 	if !found {
 		steps.fail(step, "the plugin's container ID %q is not containerd's", status.ContainerID)
@@ -196,31 +168,198 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	if err := c.CreateNamespace(ctx, "workloads"); err != nil {
 		t.Fatal(err)
 	}
-	checkGPUPod(ctx, t, tc, steps, "workloads", nodeName)
+	checkGPUPod(ctx, t, tc, steps, "workloads", nodeName, true)
+	checkMIGPod(ctx, t, tc, steps, "workloads", nodeName)
+	pluginPod = checkUpgradeKeepsHeldGPUs(ctx, t, tc, steps, release, values, pluginPod, "workloads", nodeName)
+	pluginPod = checkPluginPodReplaced(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
+	checkDrain(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
+
+	step = "helm uninstall removes the plugin; the node keeps no slice, CDI spec or prepared claim"
+	t0 = time.Now()
+	if err := release.Uninstall(ctx, helm.DefaultRelease.Name); err != nil {
+		steps.fail(step, "%v", err)
+	}
+	checkUninstalled(ctx, steps, step, c, node, nodeName)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
 }
 
-// waitForPluginPod waits until the DaemonSet's pod on node runs.
-func waitForPluginPod(ctx context.Context, steps realNodeSteps, client kubernetes.Interface, ns, node, step string) *corev1.Pod {
+// waitForPluginPod waits until the DaemonSet's only pod on node, other than
+// the pod with UID not (if set), runs image and is ready.
+func waitForPluginPod(ctx context.Context, steps realNodeSteps, client kubernetes.Interface, ns, node, image string, not types.UID, step string) *corev1.Pod {
 	steps.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	var pod *corev1.Pod
 	var last string
-	for time.Now().Before(deadline) {
-		pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
-			LabelSelector: "app.kubernetes.io/component=kubelet-plugin", FieldSelector: "spec.nodeName=" + node})
-		if err != nil {
-			last = err.Error()
-		} else if len(pods.Items) != 1 {
-			last = fmt.Sprintf("%d plugin pods on node %s", len(pods.Items), node)
-		} else if p := &pods.Items[0]; p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready {
-			last = fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
-		} else {
-			return p
-		}
-		time.Sleep(200 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pod, last = chartnode.PluginPod(ctx, client, ns, node, image, not)
+		return pod != nil, nil
+	})
+	if err != nil {
+		steps.fail(step, "no running plugin pod from image %s on node %s within 2m: %s", image, node, last)
 	}
-	steps.fail(step, "no running plugin pod on node %s within 2m: %s", node, last)
-	return nil
+	return pod
+}
+
+// heldGPUPod runs a pod on node holding one GPU through a claim made from
+// template (a one-GPU template in ns) and returns it with its claim.
+func heldGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, step, ns, name, template, node string) (*corev1.Pod, *resourceapi.ResourceClaim) {
+	t.Helper()
+	pod := busyboxPod(ns, name, node, "ls /dev/nvidia[0-9]*")
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	pod, out := steps.run(ctx, c, step, pod)
+	if !strings.HasPrefix(out, "/dev/nvidia") {
+		steps.fail(step, "pod %s lists no GPU device node: %q", name, out)
+	}
+	return pod, c.claimOf(ctx, t, pod, "gpu")
+}
+
+// checkUpgradeKeepsHeldGPUs upgrades the release to upgradeImage while a
+// pod holds a GPU: the DaemonSet replaces the plugin pod (in the host
+// network the old one stops first, see the chart's update strategy), the
+// held pod keeps running with its claim's CDI spec and checkpoint entry, a
+// pod created as the upgrade starts runs (the kubelet retries its prepare
+// until a plugin serves it), and the new plugin unprepares the claim the
+// old one prepared when its pod is deleted. It returns the new plugin pod.
+func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, release *helmrelease.Client, values map[string]any, old *corev1.Pod, ns, nodeName string) *corev1.Pod {
+	t.Helper()
+	n := c.nodes[nodeName]
+	client := c.Client()
+	step := "a pod holds a GPU before the upgrade"
+	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, gpuTemplate(ns, "held-gpu", 1), metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create claim template: %v", err)
+	}
+	held, claim := heldGPUPod(ctx, t, c, steps, step, ns, "held", "held-gpu", nodeName)
+
+	step = "helm upgrade to a new image tag replaces the plugin pod"
+	t0 := time.Now()
+	upgraded := maps.Clone(values)
+	upgraded["image"] = chartnode.ImageValues(upgradeImage)
+	if err := release.Upgrade(ctx, helm.DefaultRelease.Name, upgraded); err != nil {
+		steps.fail(step, "%v", err)
+	}
+	// A pod created as the plugin is replaced: the old plugin prepares it
+	// if it still can, else the kubelet retries until the new one serves.
+	during := busyboxPod(ns, "during", nodeName, "ls /dev/nvidia[0-9]*")
+	during.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("held-gpu")}}
+	during.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, during, metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create pod %s: %v", during.Name, err)
+	}
+	plugin := waitForPluginPod(ctx, steps, client, helm.DefaultRelease.Namespace, nodeName, upgradeImage, old.UID, step)
+	if _, err := os.Stat(filepath.Join(n.RegistrarDir(), driverName+"-"+string(plugin.UID)+"-reg.sock")); err != nil {
+		steps.fail(step, "no registration socket of the new plugin pod %s: %v", plugin.Name, err)
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "the held pod keeps its GPU through the upgrade"
+	p, err := client.CoreV1().Pods(ns).Get(ctx, held.Name, metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 || p.UID != held.UID {
+		steps.fail(step, "pod %s after the upgrade: %v %+v", held.Name, err, p)
+	}
+	if data := nodeCheckpoint(steps, step, n.Node.Node); data.Claims[string(claim.UID)].Name != claim.Name {
+		steps.fail(step, "the checkpoint lost claim %s (uid %s) across the upgrade: it holds %v", claim.Name, claim.UID, slices.Collect(maps.Keys(data.Claims)))
+	}
+	if _, err := os.Stat(n.cdiSpecPath(t, claim)); err != nil {
+		steps.fail(step, "the CDI spec of claim %s is gone after the upgrade: %v", claim.Name, err)
+	}
+
+	step = "the pod created during the upgrade runs once the new plugin is up"
+	t0 = time.Now()
+	during, _ = steps.wait(ctx, c, step, during)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "the new plugin unprepares the claim the old one prepared"
+	t0 = time.Now()
+	c.deletePodsAndWait(ctx, t, held, during)
+	waitNoCDISpecs(ctx, t, n)
+	if data := nodeCheckpoint(steps, step, n.Node.Node); len(data.Claims) != 0 {
+		steps.fail(step, "the checkpoint still holds claims %v after their pods were deleted", slices.Collect(maps.Keys(data.Claims)))
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+	return plugin
+}
+
+// checkPluginPodReplaced deletes the plugin pod: the DaemonSet starts
+// another, which registers and serves a new claim.
+func checkPluginPodReplaced(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, old *corev1.Pod, ns, nodeName string) *corev1.Pod {
+	t.Helper()
+	step := "a deleted plugin pod is replaced, and the new one serves claims"
+	t0 := time.Now()
+	client := c.Client()
+	if err := client.CoreV1().Pods(old.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		steps.fail(step, "delete plugin pod %s: %v", old.Name, err)
+	}
+	image := old.Status.ContainerStatuses[0].Image
+	plugin := waitForPluginPod(ctx, steps, client, old.Namespace, nodeName, image, old.UID, step)
+	pod, _ := heldGPUPod(ctx, t, c, steps, step, ns, "after-delete", "held-gpu", nodeName)
+	c.deletePodsAndWait(ctx, t, pod)
+	waitNoCDISpecs(ctx, t, c.nodes[nodeName])
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+	return plugin
+}
+
+// checkDrain drains the node as kubectl drain does: it cordons the node
+// and evicts every pod but the DaemonSet's through the Eviction API. The
+// evicted GPU pod's claim is unprepared by the plugin, which stays; once the
+// node is uncordoned, a new GPU pod runs there.
+func checkDrain(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, plugin *corev1.Pod, ns, nodeName string) {
+	t.Helper()
+	step := "a node drain evicts the GPU pods, their claims are unprepared and the plugin stays"
+	t0 := time.Now()
+	client := c.Client()
+	pod, _ := heldGPUPod(ctx, t, c, steps, step, ns, "before-drain", "held-gpu", nodeName)
+	cordon := func(unschedulable bool) {
+		patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%t}}`, unschedulable)
+		if _, err := client.CoreV1().Nodes().Patch(ctx, nodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			steps.fail(step, "set node %s unschedulable=%t: %v", nodeName, unschedulable, err)
+		}
+	}
+	cordon(true)
+	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
+	if err := client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, eviction); err != nil {
+		steps.fail(step, "evict pod %s: %v", pod.Name, err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		steps.fail(step, "the evicted pod %s is still there: %v", pod.Name, err)
+	}
+	waitNoCDISpecs(ctx, t, c.nodes[nodeName])
+	if data := nodeCheckpoint(steps, step, c.nodes[nodeName].Node.Node); len(data.Claims) != 0 {
+		steps.fail(step, "the checkpoint still holds claims %v after the drain", slices.Collect(maps.Keys(data.Claims)))
+	}
+	if p, last := chartnode.PluginPod(ctx, client, plugin.Namespace, nodeName, plugin.Status.ContainerStatuses[0].Image, ""); p == nil || p.UID != plugin.UID {
+		steps.fail(step, "the plugin pod %s did not stay through the drain: %s", plugin.Name, last)
+	}
+	cordon(false)
+	after, _ := heldGPUPod(ctx, t, c, steps, step, ns, "after-drain", "held-gpu", nodeName)
+	c.deletePodsAndWait(ctx, t, after)
+	waitNoCDISpecs(ctx, t, c.nodes[nodeName])
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+}
+
+// nodeCheckpoint reads the plugin's checkpoint on a real-runtime node.
+func nodeCheckpoint(steps realNodeSteps, step string, node *cluster.Node) checkpoint.Data {
+	steps.t.Helper()
+	data, err := node.ReadFile(filepath.Join(cluster.NodeKubeletDir, "plugins", driverName, checkpoint.FileName))
+	if err != nil {
+		steps.fail(step, "read the plugin's checkpoint on node %s: %v", node.Name(), err)
+	}
+	dir := steps.t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, checkpoint.FileName), data, 0o600); err != nil {
+		steps.t.Fatal(err)
+	}
+	store, err := checkpoint.NewStore(dir)
+	if err != nil {
+		steps.t.Fatal(err)
+	}
+	held, err := store.Load()
+	if err != nil {
+		steps.fail(step, "load the plugin's checkpoint on node %s: %v", node.Name(), err)
+	}
+	return held
 }
 
 // checkSliceWriter checks in the API server's audit log that the node's
@@ -275,4 +414,38 @@ func bearerClient(t *testing.T, admin *rest.Config, token string) kubernetes.Int
 		t.Fatal(err)
 	}
 	return client
+}
+
+// checkUninstalled checks what helm uninstall leaves on node: no plugin pod,
+// no registration socket, no ResourceSlice of the node (the kubelet deletes
+// them once the plugin has been gone for its grace period), no CDI spec of
+// Tessera's, and a checkpoint that holds no claim.
+func checkUninstalled(ctx context.Context, steps realNodeSteps, step string, c *cluster.Cluster, node *cluster.Node, nodeName string) {
+	steps.t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client().CoreV1().Pods(helm.DefaultRelease.Namespace).List(ctx, metav1.ListOptions{LabelSelector: chartnode.PluginSelector})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		published, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		sockets, _ := filepath.Glob(filepath.Join(node.RegistrarDir(), driverName+"-*"))
+		last = fmt.Sprintf("%d plugin pods, %d slices of node %s, registration sockets %v", len(pods.Items), len(published.Items), nodeName, sockets)
+		return len(pods.Items) == 0 && len(published.Items) == 0 && len(sockets) == 0, nil
+	})
+	if err != nil {
+		steps.fail(step, "after helm uninstall: %s (%v)", last, err)
+	}
+	specs, _ := filepath.Glob(filepath.Join(node.CDIDir(), driverName+"-*"))
+	if len(specs) != 0 {
+		steps.fail(step, "after helm uninstall, Tessera's CDI specs %v stay on node %s", specs, nodeName)
+	}
+	if held := nodeCheckpoint(steps, step, node); len(held.Claims) != 0 {
+		steps.fail(step, "after helm uninstall, the plugin's checkpoint on node %s holds claims %v", nodeName, slices.Collect(maps.Keys(held.Claims)))
+	}
 }

@@ -2,9 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,10 +49,18 @@ func (s realNodeSteps) fail(step string, format string, args ...any) {
 // A container that ends first fails the step.
 func (s realNodeSteps) run(ctx context.Context, c *tesseraCluster, step string, pod *corev1.Pod) (*corev1.Pod, string) {
 	s.t.Helper()
-	client := c.Client()
-	if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client().CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		s.fail(step, "create pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
+	return s.wait(ctx, c, step, pod)
+}
+
+// wait waits until pod, created already, runs and its container has written
+// a line "END"; it returns the running pod and the container's output
+// before it. A container that ends first fails the step.
+func (s realNodeSteps) wait(ctx context.Context, c *tesseraCluster, step string, pod *corev1.Pod) (*corev1.Pod, string) {
+	s.t.Helper()
+	client := c.Client()
 	var last *corev1.Pod
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -101,14 +113,19 @@ func busyboxPod(ns, name, node, script string) *corev1.Pod {
 
 // gpuProbe is what the GPU workload's container prints about itself: its
 // NVIDIA device nodes (type, major and minor in hex), its environment, the
-// driver library mounted in, and how opening device nodes ends: the GPU
-// node it was given, and one it makes itself with mknod for the first
-// other minor number among 0-7 (the node's other GPUs). With no NVIDIA
-// driver on the host, an open the devices cgroup allows fails with ENXIO
-// ("No such device or address"); one it refuses fails with EPERM.
+// driver library mounted in, what tessera-cdi-hook left in its root (the
+// loader cache in base64, the libcuda.so link, the loader configuration),
+// and how opening device nodes ends: the GPU node it was given, and one it
+// makes itself with mknod for the first other minor number among 0-7 (the
+// node's other GPUs). With no NVIDIA driver on the host, an open the
+// devices cgroup allows fails with ENXIO ("No such device or address"); one
+// it refuses fails with EPERM.
 const gpuProbe = `for f in /dev/nvidia*; do stat -c 'DEV %n %F %t %T' "$f"; done
 env | sed 's/^/ENV /'
 echo "LIB $(cat /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
+echo "LDCACHE $(base64 /etc/ld.so.cache 2>/dev/null | tr -d '\n')"
+echo "CUDALINK $(readlink /usr/lib/x86_64-linux-gnu/libcuda.so 2>&1)"
+echo "LDCONF $(tr '\n' ' ' < /etc/ld.so.conf.d/000-tessera-driver.conf 2>&1)"
 given=$(ls /dev/nvidia[0-9]*)
 echo "OPEN-GIVEN $(cat $given 2>&1)"
 for m in 0 1 2 3 4 5 6 7; do if [ /dev/nvidia$m != $given ]; then other=$m; break; fi; done
@@ -150,7 +167,7 @@ func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
-	checkGPUPod(ctx, t, c, steps, ns, n.Name())
+	checkGPUPod(ctx, t, c, steps, ns, n.Name(), false)
 	c.deletePodsAndWait(ctx, t, hello)
 	t.Logf("test body took %v", time.Since(start).Round(time.Millisecond))
 }
@@ -161,9 +178,15 @@ func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
 // control devices as character devices with NVIDIA's numbers (containerd
 // injected them from Tessera's CDI spec, runc created them), its GPU's UUID
 // in NVIDIA_VISIBLE_DEVICES and TESSERA_GPU_<n>_UUID, the driver library,
-// and the devices cgroup: it can open its GPU but not another one. Then it
-// deletes the pod and waits until its claim is unprepared.
-func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+// and the devices cgroup: it can open its GPU but not another one. With
+// hook (the node's CDI specs run tessera-cdi-hook, as the chart installs
+// it), the busybox image, which has no loader directories of its own and
+// keeps its configuration in /etc/ld.so.conf (a /usr/lib64 layout), shows
+// libcuda.so.1 at the driver's path in its loader cache as glibc's ldconfig
+// on the host reads it, a libcuda.so link, and the driver's directory in its
+// loader configuration. Then it deletes the pod and waits until its claim is
+// unprepared.
+func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string, hook bool) {
 	t.Helper()
 	n := c.nodes[node]
 	step := "GPU pod sees its devices, environment and driver files, and only its GPU"
@@ -201,6 +224,9 @@ func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 	if !strings.HasPrefix(got.lib, "fake libnvidia-ml.so.") {
 		steps.fail(step, "the driver library in the container reads %q, want the node's (fake libnvidia-ml.so.<version>)\noutput:\n%s", got.lib, out)
 	}
+	if hook {
+		checkLoaderCache(t, steps, step, got, out)
+	}
 	if !strings.Contains(got.openGiven, "No such device or address") {
 		steps.fail(step, "opening its own GPU %s ended %q, want ENXIO (No such device or address: the devices cgroup allows it, no driver answers)\noutput:\n%s", devices[0], got.openGiven, out)
 	}
@@ -230,6 +256,8 @@ type probeResult struct {
 	devices              map[string]string // path -> "<type> <major hex> <minor hex>"
 	env                  map[string]string
 	lib                  string
+	ldCache              string // base64
+	cudaLink, ldConf     string
 	openGiven, openOther string
 	otherMinor           int
 }
@@ -247,6 +275,12 @@ func parseProbe(out string) probeResult {
 			r.env[k] = v
 		case "LIB":
 			r.lib = rest
+		case "LDCACHE":
+			r.ldCache = rest
+		case "CUDALINK":
+			r.cudaLink = rest
+		case "LDCONF":
+			r.ldConf = rest
 		case "OPEN-GIVEN":
 			r.openGiven = rest
 		case "OPEN-OTHER":
@@ -256,4 +290,167 @@ func parseProbe(out string) probeResult {
 		}
 	}
 	return r
+}
+
+// driverLibDir is where the simulated node's driver keeps its libraries,
+// and the CDI specs mount them.
+const driverLibDir = "/usr/lib/x86_64-linux-gnu"
+
+// checkLoaderCache checks what tessera-cdi-hook left in the container, as
+// gpuProbe printed it: glibc's own ldconfig on the host (the oracle: it
+// shares no code with the hook's cache writer) lists libcuda.so.1 and
+// libcuda.so at the driver's path for x86-64, libcuda.so links to
+// libcuda.so.1, and the loader configuration names the driver's directory.
+func checkLoaderCache(t *testing.T, steps realNodeSteps, step string, got probeResult, out string) {
+	t.Helper()
+	data, err := base64.StdEncoding.DecodeString(got.ldCache)
+	if err != nil || len(data) == 0 {
+		steps.fail(step, "the container has no loader cache (/etc/ld.so.cache) the hook wrote: %d bytes, %v\noutput:\n%s", len(data), err, out)
+	}
+	file := filepath.Join(t.TempDir(), "ld.so.cache")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	printed, err := exec.Command("ldconfig", "-p", "-C", file).CombinedOutput()
+	if err != nil {
+		steps.fail(step, "glibc's ldconfig cannot read the container's loader cache: %v\n%s", err, printed)
+	}
+	for _, lib := range []string{"libcuda.so.1", "libcuda.so"} {
+		want := fmt.Sprintf("%s (libc6,x86-64) => %s/%s", lib, driverLibDir, lib)
+		if !slices.Contains(strings.Split(string(printed), "\n"), "\t"+want) {
+			steps.fail(step, "the container's loader cache lacks %q; glibc's ldconfig -p reads:\n%s", want, printed)
+		}
+	}
+	if got.cudaLink != "libcuda.so.1" {
+		steps.fail(step, "%s/libcuda.so in the container links to %q, want libcuda.so.1\noutput:\n%s", driverLibDir, got.cudaLink, out)
+	}
+	if strings.TrimSpace(got.ldConf) != driverLibDir {
+		steps.fail(step, "the hook's loader configuration in the container reads %q, want %s\noutput:\n%s", got.ldConf, driverLibDir, out)
+	}
+}
+
+// migProbe is what a MIG workload's container prints about itself: its
+// NVIDIA device nodes and MIG capability nodes (type, major and minor in
+// hex), its environment, how opening each capability node ends, and how
+// opening the capability node it makes itself for minor 2 ends (the MIG
+// "monitor" capability, which no workload is given).
+var migProbe = fmt.Sprintf(`for f in /dev/nvidia* /dev/nvidia-caps/*; do if [ -c "$f" ]; then stat -c 'DEV %%n %%F %%t %%T' "$f"; fi; done
+env | sed 's/^/ENV /'
+for f in /dev/nvidia-caps/*; do echo "OPEN-CAP $f $(cat $f 2>&1)"; done
+mknod /tmp/monitor c %d 2
+echo "OPEN-OTHER $(cat /tmp/monitor 2>&1)"
+`, fakenode.CapsMajor)
+
+// migMinors reads the capability minors of a node's host tree
+// (/proc/driver/nvidia-caps/mig-minors, as the NVIDIA driver lays it out):
+// minor number -> capability ("gpu3/gi2/access", "gpu3/gi2/ci0/access").
+func migMinors(t *testing.T, hostRoot string) map[int]string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(hostRoot, "proc", "driver", "nvidia-caps", "mig-minors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var name string
+		var minor int
+		if _, err := fmt.Sscanf(line, "%s %d", &name, &minor); err != nil {
+			t.Fatalf("mig-minors line %q: %v", line, err)
+		}
+		out[minor] = name
+	}
+	return out
+}
+
+// checkMIGPod runs a pod with a claim for one 1g.10gb partition in
+// namespace ns on node, a real-runtime node with Tessera's plugin simulating
+// an H100 node, and checks from inside its container that it sees its
+// parent GPU's device node, the driver's control devices and exactly the
+// two MIG capability nodes of its partition (the GPU instance's and the
+// compute instance's access, as the node's mig-minors numbers them, of one
+// GPU instance on the parent GPU) with the capabilities' major, its MIG
+// UUID in NVIDIA_VISIBLE_DEVICES, and the devices cgroup: it can open its
+// capability nodes but not the monitor capability. Then it deletes the pod
+// and waits until its claim is unprepared.
+func checkMIGPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+	t.Helper()
+	n := c.nodes[node]
+	step := "MIG pod sees its parent GPU and its partition's capability nodes, and only those"
+	t0 := time.Now()
+	template := migTemplate(ns, "one-1g", "1g.10gb")
+	if _, err := c.Client().ResourceV1().ResourceClaimTemplates(ns).Create(ctx, template, metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create claim template: %v", err)
+	}
+	pod := busyboxPod(ns, "mig", n.Name(), migProbe)
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "mig", ResourceClaimTemplateName: ptr.To(template.Name)}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mig"}}
+	pod, out := steps.run(ctx, c, step, pod)
+	got := parseProbe(out)
+	devices := allocatedDevices(c.claimOf(ctx, t, pod, "mig"))
+	var parent int
+	if len(devices) != 1 {
+		steps.fail(step, "claim allocated %v, want one MIG device", devices)
+	}
+	if _, err := fmt.Sscanf(devices[0], "gpu-%d-mig-", &parent); err != nil {
+		steps.fail(step, "allocated device %q is not a MIG device gpu-<parent>-mig-...", devices[0])
+	}
+	g := n.gpuOf(t, fmt.Sprintf("gpu-%d", parent))
+	want := map[string]string{
+		fmt.Sprintf("/dev/nvidia%d", g.minor): fmt.Sprintf("character special file %x %x", fakenode.NvidiaMajor, g.minor),
+		"/dev/nvidiactl":                      fmt.Sprintf("character special file %x %x", fakenode.NvidiaMajor, 255),
+		"/dev/nvidia-uvm":                     fmt.Sprintf("character special file %x %x", fakenode.UVMMajor, 0),
+		"/dev/nvidia-uvm-tools":               fmt.Sprintf("character special file %x %x", fakenode.UVMMajor, 1),
+	}
+	minors := migMinors(t, n.Fake.HostRoot)
+	var caps []string
+	for p, desc := range got.devices {
+		var minor int
+		if _, err := fmt.Sscanf(p, "/dev/nvidia-caps/nvidia-cap%d", &minor); err != nil {
+			continue
+		}
+		if desc != fmt.Sprintf("character special file %x %x", fakenode.CapsMajor, minor) {
+			steps.fail(step, "capability node %s is %q, want a character device %d:%d\noutput:\n%s", p, desc, fakenode.CapsMajor, minor, out)
+		}
+		caps = append(caps, minors[minor])
+		want[p] = desc
+	}
+	if !maps.Equal(got.devices, want) {
+		steps.fail(step, "container's NVIDIA device nodes (path: type major minor, hex) are %v, want %v and two capability nodes\noutput:\n%s", got.devices, want, out)
+	}
+	slices.Sort(caps)
+	var gi, ci int
+	if len(caps) != 2 {
+		steps.fail(step, "container has capability nodes for %q, want two\noutput:\n%s", caps, out)
+	}
+	if _, err := fmt.Sscanf(caps[0], fmt.Sprintf("gpu%d/gi%%d/access", g.minor), &gi); err != nil {
+		steps.fail(step, "capability nodes %q: the first is no GPU instance access of GPU minor %d\noutput:\n%s", caps, g.minor, out)
+	}
+	if _, err := fmt.Sscanf(caps[1], fmt.Sprintf("gpu%d/gi%d/ci%%d/access", g.minor, gi), &ci); err != nil {
+		steps.fail(step, "capability nodes %q: the second is no compute instance access of GPU instance %d on GPU minor %d\noutput:\n%s", caps, gi, g.minor, out)
+	}
+	if v := got.env["NVIDIA_VISIBLE_DEVICES"]; !strings.HasPrefix(v, "MIG-") || strings.Contains(v, ",") {
+		steps.fail(step, "NVIDIA_VISIBLE_DEVICES=%q, want one MIG-<uuid>\noutput:\n%s", v, out)
+	}
+	opened := 0
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "OPEN-CAP "); ok {
+			opened++
+			if !strings.Contains(rest, "No such device or address") {
+				steps.fail(step, "opening its capability node ended %q, want ENXIO (the devices cgroup allows it)\noutput:\n%s", rest, out)
+			}
+		}
+	}
+	if opened != 2 {
+		steps.fail(step, "the container opened %d capability nodes, want 2\noutput:\n%s", opened, out)
+	}
+	if !strings.Contains(got.openOther, "Operation not permitted") {
+		steps.fail(step, "opening the monitor capability ended %q, want EPERM (the devices cgroup refuses it)\noutput:\n%s", got.openOther, out)
+	}
+	t.Logf("%s: %s got GPU instance %d, compute instance %d of GPU %d, in %v", step, devices[0], gi, ci, parent, time.Since(t0).Round(time.Millisecond))
+
+	step = "the deleted MIG pod stops, its claim is unprepared"
+	t0 = time.Now()
+	c.deletePodsAndWait(ctx, t, pod)
+	waitNoCDISpecs(ctx, t, n)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 }

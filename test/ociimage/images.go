@@ -122,6 +122,10 @@ func baseTree(debDir string) (*Tree, error) {
 		File{Path: "/root", Mode: 0o700, Dir: true},
 		File{Path: "/home/nonroot", Mode: 0o700, Dir: true, UID: 65532, GID: 65532},
 		File{Path: "/tmp", Mode: 0o1777, Dir: true},
+		File{Path: "/etc/ld.so.conf", Mode: 0o644, Data: []byte("include /etc/ld.so.conf.d/*.conf\n")},
+		File{Path: "/etc/ld.so.conf.d", Mode: 0o755, Dir: true},
+		File{Path: "/usr", Mode: 0o755, Dir: true},
+		File{Path: "/usr/lib64", Mode: 0o755, Dir: true},
 	)
 	return t, nil
 }
@@ -171,7 +175,11 @@ func Pause(binary string) (v1.Image, error) {
 }
 
 // Busybox assembles a workload image from Debian's busybox-static: the
-// binary, a link for each of its applets, root and nobody, /tmp.
+// binary, a link for each of its applets, root and nobody, /tmp, and the
+// loader configuration of a /usr/lib64 distribution (Fedora's layout: an
+// /etc/ld.so.conf including /etc/ld.so.conf.d, and /usr/lib64), so that the
+// tests see what tessera-cdi-hook does for an image whose loader does not
+// look where a Debian host keeps the driver's libraries.
 func Busybox(debDir string) (v1.Image, error) {
 	deb, err := FindDeb(debDir, "busybox-static")
 	if err != nil {
@@ -199,6 +207,10 @@ func Busybox(debDir string) (v1.Image, error) {
 		File{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\n")},
 		File{Path: "/root", Mode: 0o700, Dir: true},
 		File{Path: "/tmp", Mode: 0o1777, Dir: true},
+		File{Path: "/etc/ld.so.conf", Mode: 0o644, Data: []byte("include /etc/ld.so.conf.d/*.conf\n")},
+		File{Path: "/etc/ld.so.conf.d", Mode: 0o755, Dir: true},
+		File{Path: "/usr", Mode: 0o755, Dir: true},
+		File{Path: "/usr/lib64", Mode: 0o755, Dir: true},
 	)
 	layer, err := t.Layer()
 	if err != nil {
