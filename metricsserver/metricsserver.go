@@ -1,5 +1,6 @@
-// Package metricsserver serves a component's Prometheus metrics (/metrics)
-// and liveness (/healthz) over plain HTTP, apart from its API, the way
+// Package metricsserver serves a component's Prometheus metrics (/metrics),
+// liveness (/healthz) and readiness (/readyz) over plain HTTP, apart from
+// its API, the way
 // Kubernetes components do. It is shared by Tessera's binaries so that each
 // serves them alike, from the same flags.
 //
@@ -94,18 +95,41 @@ type listener struct {
 // returns nil, 503 with its error otherwise. With both addresses empty it
 // serves nothing and returns a nil Server (whose methods are safe to call).
 func Start(ctx context.Context, a Addresses, reg *prometheus.Registry, alive func() error) (*Server, error) {
-	healthz := func(w http.ResponseWriter, _ *http.Request) {
-		if err := alive(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+	return StartProbes(ctx, a, reg, Probes{Alive: alive})
+}
+
+// Probes say whether a component is alive (/healthz) and ready (/readyz).
+type Probes struct {
+	Alive func() error
+	// Ready, if set, must return nil too for /readyz to say ok; nil means
+	// ready while alive.
+	Ready func() error
+}
+
+// StartProbes is Start with readiness: /readyz is served wherever /healthz
+// is, 200 while both probes return nil, 503 with the first error otherwise.
+func StartProbes(ctx context.Context, a Addresses, reg *prometheus.Registry, p Probes) (*Server, error) {
+	probe := func(checks ...func() error) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			for _, check := range checks {
+				if check == nil {
+					continue
+				}
+				if err := check(); err != nil {
+					http.Error(w, err.Error(), http.StatusServiceUnavailable)
+					return
+				}
+			}
+			_, _ = w.Write([]byte("ok\n"))
 		}
-		_, _ = w.Write([]byte("ok\n"))
 	}
+	healthz, readyz := probe(p.Alive), probe(p.Alive, p.Ready)
 	var s Server
 	if a.MetricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", healthz)
+		mux.HandleFunc("/readyz", readyz)
 		l, err := listen(ctx, "--metrics-address", a.MetricsAddress, mux)
 		if err != nil {
 			return nil, err
@@ -120,6 +144,7 @@ func Start(ctx context.Context, a Addresses, reg *prometheus.Registry, alive fun
 	default:
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", healthz)
+		mux.HandleFunc("/readyz", readyz)
 		l, err := listen(ctx, "--health-address", a.HealthAddress, mux)
 		if err != nil {
 			s.Stop()

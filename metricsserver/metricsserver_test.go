@@ -221,3 +221,53 @@ func TestNothingIsServedWithoutAddresses(t *testing.T) {
 	}
 	s.Stop()
 }
+
+// TestReadinessNeedsBothProbes: /readyz says ok only while the component is
+// alive and ready, and says why not otherwise; /healthz ignores readiness.
+func TestReadinessNeedsBothProbes(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	var notReady, dead atomic.Pointer[error]
+	probe := func(p *atomic.Pointer[error]) func() error {
+		return func() error {
+			if e := p.Load(); e != nil {
+				return *e
+			}
+			return nil
+		}
+	}
+	s, err := metricsserver.StartProbes(ctx, metricsserver.Addresses{MetricsAddress: "127.0.0.1:0", HealthAddress: "127.0.0.1:0"}, prometheus.NewRegistry(),
+		metricsserver.Probes{Alive: probe(&dead), Ready: probe(&notReady)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	get := func(addr, path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	waiting := errors.New("not registered with the kubelet yet")
+	notReady.Store(&waiting)
+	for _, addr := range []string{s.Addr(), s.HealthAddr()} {
+		if code, body := get(addr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not registered") {
+			t.Errorf("%s/readyz while not ready: %d %q, want 503 with the reason", addr, code, body)
+		}
+		if code, _ := get(addr, "/healthz"); code != http.StatusOK {
+			t.Errorf("%s/healthz while alive but not ready: %d, want 200", addr, code)
+		}
+	}
+	notReady.Store(nil)
+	if code, _ := get(s.HealthAddr(), "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz while alive and ready: %d, want 200", code)
+	}
+	gone := errors.New("lost the API server")
+	dead.Store(&gone)
+	if code, body := get(s.HealthAddr(), "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "lost the API server") {
+		t.Errorf("/readyz while dead: %d %q, want 503 with the cause", code, body)
+	}
+}

@@ -213,6 +213,9 @@ func TestDaemonSetRunsThePlugin(t *testing.T) {
 		}
 		// The update strategy: TestPluginUpgradesCanProceed.
 		checkProbe(t, c.Name, ctr, ctr.LivenessProbe, o.HealthAddress)
+		// Ready once the kubelet registered it: a rolling update keeps
+		// the old plugin pod until then.
+		checkProbeAt(t, c.Name, ctr, ctr.ReadinessProbe, o.HealthAddress, "/readyz")
 		checkMetrics(t, c.Name, ctr, o.MetricsAddress, componentValue(c.Values, "kubeletPlugin", "metricsBindAddress"))
 		if ctr.SecurityContext == nil || ctr.SecurityContext.Privileged == nil || !*ctr.SecurityContext.Privileged {
 			t.Errorf("%s: the plugin is not privileged (NVML, MIG)", c.Name)
@@ -257,8 +260,14 @@ func mountedFromHost(pod corev1.PodSpec, ctr corev1.Container, dir string) bool 
 // it: on the pod's IP, not its loopback.
 func checkProbe(t *testing.T, combo string, ctr corev1.Container, probe *corev1.Probe, address string) {
 	t.Helper()
-	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/healthz" {
-		t.Errorf("%s: %s: probe %+v, want GET /healthz", combo, ctr.Name, probe)
+	checkProbeAt(t, combo, ctr, probe, address, "/healthz")
+}
+
+// checkProbeAt is checkProbe for the probe of path.
+func checkProbeAt(t *testing.T, combo string, ctr corev1.Container, probe *corev1.Probe, address, path string) {
+	t.Helper()
+	if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path {
+		t.Errorf("%s: %s: probe %+v, want GET %s", combo, ctr.Name, probe, path)
 		return
 	}
 	if host, _, err := net.SplitHostPort(address); err != nil || isLoopback(host) {

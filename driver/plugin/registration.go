@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -40,6 +41,18 @@ func (r *registration) interceptor(ctx context.Context, req any, info *grpc.Unar
 		}
 	}
 	return resp, err
+}
+
+// ready is the plugin's readiness (/readyz): registered with the kubelet.
+// The chart's readiness probe makes a rolling update wait for it before
+// the old plugin pod goes.
+func (r *registration) ready() error {
+	select {
+	case <-r.done:
+		return nil
+	default:
+		return errors.New("not registered with the kubelet yet")
+	}
 }
 
 // wait returns true once the plugin is registered, false when ctx ends or

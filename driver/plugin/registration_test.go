@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,11 +19,13 @@ import (
 // sends pods to a node as soon as its slices are there, and a pod whose
 // kubelet does not know the driver yet fails its prepare and waits a
 // minute for the kubelet's retry. So a fresh node's devices are published
-// only after the kubelet registered the plugin.
+// only after the kubelet registered the plugin, and the plugin is ready
+// (/readyz, the chart's readiness probe) only then.
 func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
 	h := newHarness(t, true, func(dir string, o *plugin.Options) {
 		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "pcie-l4x4", FakeRoot: filepath.Join(dir, "host")}
 		o.RegistrationWait = time.Hour
+		o.MetricsAddress = "127.0.0.1:0"
 	})
 	p, err := plugin.Start(h.ctx, h.opts, h.client)
 	if err != nil {
@@ -36,10 +39,21 @@ func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
 		}
 		return len(list.Items)
 	}
+	readyz := func() int {
+		resp, err := http.Get("http://" + p.MetricsAddress() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
 	// Give a wrong early publish the time it would take.
 	time.Sleep(500 * time.Millisecond)
 	if n := published(); n != 0 {
 		t.Fatalf("%d slices published before the kubelet registered the plugin", n)
+	}
+	if code := readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before the kubelet registered the plugin: %d, want 503", code)
 	}
 	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
 	defer cancel()
@@ -52,5 +66,8 @@ func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
 		return published() > 0, nil
 	}); err != nil {
 		t.Fatalf("no slice published after the kubelet registered the plugin: %v", err)
+	}
+	if code := readyz(); code != http.StatusOK {
+		t.Errorf("/readyz once the kubelet registered the plugin: %d, want 200", code)
 	}
 }

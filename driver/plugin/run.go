@@ -179,12 +179,12 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	}
 	d := &Driver{claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
 	alive := func() error { return context.Cause(ctx) }
-	server, err := metricsserver.Start(ctx, o.Addresses, metrics, alive)
+	registered := newRegistration()
+	server, err := metricsserver.StartProbes(ctx, o.Addresses, metrics, metricsserver.Probes{Alive: alive, Ready: registered.ready})
 	if err != nil {
 		cancel(err)
 		return nil, err
 	}
-	registered := newRegistration()
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(slices.DriverName),
 		kubeletplugin.NodeName(o.Node.NodeName),
