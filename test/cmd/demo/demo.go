@@ -310,17 +310,7 @@ func (d *demo) showPending(ctx context.Context, w workload) error {
 }
 
 // events returns a pod's events, for error messages.
-func (d *demo) events(ctx context.Context, pod string) string {
-	list, err := d.c.Client().CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
-	if err != nil {
-		return ""
-	}
-	var b strings.Builder
-	for _, e := range list.Items {
-		fmt.Fprintf(&b, "\n      event %s: %s", e.Reason, e.Message)
-	}
-	return b.String()
-}
+func (d *demo) events(ctx context.Context, pod string) string { return eventsOf(ctx, d.c, pod) }
 
 func waitForPod(ctx context.Context, client kubernetes.Interface, name string, timeout time.Duration, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	var pod *corev1.Pod
@@ -389,5 +379,6 @@ func (d *demo) teardown() {
 		n.StopPlugin()
 	}
 	d.c.Stop()
+	d.c = nil
 	klog.Flush()
 }

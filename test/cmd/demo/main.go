@@ -3,16 +3,21 @@
 // It installs the DeviceClasses and the kubelet plugin's RBAC, runs Tessera's
 // kubelet plugin for each node, applies the example workloads from
 // deployments/examples, prints for each where it landed and what its
-// container received, then tears everything down (also on Ctrl-C).
+// container received, then tears everything down (also on Ctrl-C). Then it
+// shows Tessera as users install it (chart.go): its image, built without a
+// container engine, installed by the Helm chart on a second cluster whose
+// node runs containerd and runc, and a GPU pod's container printing what it
+// got.
 //
 //	make demo                       # from the repository root
 //	go run ./test/cmd/demo --keep   # keep the cluster dir (logs) afterwards
 //
-// The plugin runs in this process, one instance per node, through
-// driver/plugin.Start: the same code the tessera-kubelet-plugin binary runs,
-// with each node's directories and its own service account token, so the
-// demo needs no image and no build step besides `go run`. Component logs go
-// to <dir>/logs; the plugins' log is <dir>/logs/tessera-kubelet-plugins.log.
+// In the first part the plugin runs in this process, one instance per
+// node, through driver/plugin.Start: the same code the tessera-kubelet-plugin
+// binary runs, with each node's directories and its own service account
+// token. Component logs go to <dir>/logs; the plugins' log is
+// <dir>/logs/tessera-kubelet-plugins.log. The chart part's logs, the plugin
+// pod's among them, are under <dir>/chart-cluster.
 package main
 
 import (
@@ -37,7 +42,7 @@ func main() {
 	flag.StringVar(&o.dir, "dir", "", "cluster directory (default: a new one under $TMPDIR, removed after a successful run)")
 	flag.StringVar(&o.examples, "examples", "deployments/examples", "directory of the example manifests")
 	flag.BoolVar(&o.keep, "keep", false, "keep the cluster directory (logs, CDI specs) after the demo")
-	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this long")
+	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long (the first run builds Tessera's image)")
 	flag.Parse()
 	start := time.Now()
 	err := run(o)
@@ -96,6 +101,10 @@ func run(o options) (err error) {
 	}
 	if err == nil {
 		err = d.cleanUp(ctx)
+	}
+	d.teardown()
+	if err == nil {
+		err = runChart(ctx, o.dir)
 	}
 	if cause := context.Cause(ctx); err != nil && cause != nil {
 		if errors.Is(cause, context.Canceled) {
