@@ -36,6 +36,8 @@ type Node struct {
 	log    *callLog
 	// settings are each GPU's power limit and compute mode.
 	settings []*settings
+	// persist keeps the MIG state in the node's directory (Options.Persist).
+	persist *persister
 }
 
 // Options says where and as whom a fake node lives.
@@ -48,6 +50,10 @@ type Options struct {
 	// Clique overrides the profile's fabric as "<clusterUUID>.<cliqueID>", so
 	// several trays can form one multi-node NVLink domain.
 	Clique string
+	// Persist keeps the GPUs' MIG state in Dir (StateFile) and starts from
+	// what is there, as the kernel driver outlives the processes that use
+	// it. A node opened by a plugin process (package nodeopen) persists.
+	Persist bool
 }
 
 // New builds the named profile's node under opts.Dir.
@@ -79,17 +85,44 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		devs[i] = d.(*server.Device)
 	}
 	log := &callLog{}
+	var persist *persister
+	saved, restore, err := savedState{}, false, error(nil)
+	if opts.Persist {
+		persist = &persister{path: filepath.Join(opts.Dir, StateFile), devs: devs}
+		if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
+		}
+		if saved, restore, err = readState(opts.Dir, len(devs)); err != nil {
+			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
+		}
+	}
+	changed := func() {}
 	settings := make([]*settings, len(devs))
 	for i, d := range devs {
 		d.UUID = "GPU-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/%s/%d", opts.NodeName, p.Name, i)).String()
 		d.PciBusID = p.GPUs[i].BusID
 		complete(d, i, p, devs, island)
-		completeMIG(d, i, p, log, func() string { return d.UUID })
+		restoreMIG := completeMIG(d, i, p, log, func() string { return d.UUID }, func() { changed() })
 		settings[i] = completeSettings(d, i, p, log)
-		if slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0 {
+		switch {
+		case restore:
+			// The driver still holds what an earlier process made.
+			if err := restoreMIG(saved.GPUs[i]); err != nil {
+				return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
+			}
+		case slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0:
 			if err := createStatic(d, p.GPU.MIG, p.MIGInstances[i]); err != nil {
 				return nil, fmt.Errorf("fake node %s: gpu-%d: %w", p.Name, i, err)
 			}
+		}
+	}
+	// A new process's call log starts empty, restored instances or not.
+	log.calls = nil
+	if persist != nil {
+		changed = persist.save
+		persist.save()
+		if err := persist.err; err != nil {
+			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
 		}
 	}
 	if err := writeHostTree(opts.Dir, p, devs); err != nil {
@@ -102,6 +135,7 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		events:   attachEvents(srv, devs),
 		log:      log,
 		settings: settings,
+		persist:  persist,
 	}, nil
 }
 

@@ -130,7 +130,10 @@ func computeProfiles(p gpumodel.Profile) map[int]nvml.ComputeInstanceProfileInfo
 // instances live; compute instances never beyond their GPU instance's
 // slices; MIG mode not switchable off while instances exist, and on Ampere
 // not without a reset; MIG device handles with UUIDs.
-func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID func() string) {
+// completeMIG fills in MIG for device d, GPU i of profile p. changed is
+// called after every change of MIG state that succeeded (mode, instances);
+// the function returned restores a saved state into the fresh device.
+func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID func() string, changed func()) func(savedGPU) error {
 	name := fmt.Sprintf("gpu-%d", i)
 	table := p.GPU.MIG
 	if table == nil {
@@ -139,9 +142,9 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 		d.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
-		return
+		return func(savedGPU) error { return nil }
 	}
-	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
+	setMode := func(mode int) (nvml.Return, nvml.Return) {
 		d.Lock()
 		defer d.Unlock()
 		log.add("%s SetMigMode(%d)", name, mode)
@@ -156,6 +159,13 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 		}
 		d.MigMode = mode
 		return nvml.SUCCESS, nvml.SUCCESS
+	}
+	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
+		ret, activation := setMode(mode)
+		if activation == nvml.SUCCESS {
+			changed()
+		}
+		return ret, activation
 	}
 	// Real NVML answers for profiles by index; an index the board lacks is
 	// not supported, one past the enum invalid.
@@ -205,7 +215,8 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 		d.Unlock()
 		gi, ret := create(info, pl)
 		if ret == nvml.SUCCESS {
-			completeGI(gi.(*server.GpuInstance), name, log)
+			completeGI(gi.(*server.GpuInstance), name, log, changed)
+			changed()
 		}
 		return gi, ret
 	}
@@ -260,6 +271,62 @@ func completeMIG(d *server.Device, i int, p Profile, log *callLog, parentUUID fu
 			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return d, nvml.SUCCESS },
 		}, nvml.SUCCESS
 	}
+	// restore recreates saved instances with their IDs, profiles and
+	// placements, as the driver still holds them.
+	return func(g savedGPU) error {
+		d.Lock()
+		d.MigMode = g.MigMode
+		d.Unlock()
+		for _, s := range g.Instances {
+			info, ok := giProfile(d, s.Profile)
+			if !ok {
+				return fmt.Errorf("%s: saved GPU instance %d has profile %d, which the GPU lacks", name, s.ID, s.Profile)
+			}
+			d.Lock()
+			d.GpuInstanceCounter = s.ID
+			d.Unlock()
+			created, ret := create(&info, &nvml.GpuInstancePlacement{Start: s.Start, Size: s.Size})
+			if ret != nvml.SUCCESS {
+				return fmt.Errorf("%s: restore GPU instance %d: %v", name, s.ID, ret)
+			}
+			gi := created.(*server.GpuInstance)
+			completeGI(gi, name, log, changed)
+			for _, c := range s.Compute {
+				cinfo, ok := ciProfile(gi, c.Profile)
+				if !ok {
+					return fmt.Errorf("%s: saved compute instance %d of GPU instance %d has profile %d, which the instance lacks", name, c.ID, s.ID, c.Profile)
+				}
+				gi.Lock()
+				gi.ComputeInstanceCounter = c.ID
+				gi.Unlock()
+				if _, ret := gi.CreateComputeInstance(&cinfo); ret != nvml.SUCCESS {
+					return fmt.Errorf("%s: restore compute instance %d of GPU instance %d: %v", name, c.ID, s.ID, ret)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// giProfile finds the GPU instance profile with NVML's profile ID id.
+func giProfile(d *server.Device, id uint32) (nvml.GpuInstanceProfileInfo, bool) {
+	for _, info := range d.Config.MIGProfiles.GpuInstanceProfiles {
+		if info.Id == id {
+			return info, true
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{}, false
+}
+
+// ciProfile finds the compute instance profile with NVML's profile ID id
+// among those of gi's profile.
+func ciProfile(gi *server.GpuInstance, id uint32) (nvml.ComputeInstanceProfileInfo, bool) {
+	for _, info := range gi.MIGProfiles.ComputeInstanceProfiles[int(gi.Info.ProfileId)] {
+		if info.Id == id {
+			return info, true
+		}
+	}
+	return nvml.ComputeInstanceProfileInfo{}, false
 }
 
 // canCreate says whether real NVML would create a GPU instance of the
@@ -308,7 +375,7 @@ func lowestFreeID(d *server.Device) uint32 {
 	return id
 }
 
-func completeGI(gi *server.GpuInstance, name string, log *callLog) {
+func completeGI(gi *server.GpuInstance, name string, log *callLog, changed func()) {
 	destroy := gi.DestroyFunc
 	gi.DestroyFunc = func() nvml.Return {
 		gi.RLock()
@@ -318,7 +385,11 @@ func completeGI(gi *server.GpuInstance, name string, log *callLog) {
 		if busy {
 			return nvml.ERROR_IN_USE
 		}
-		return destroy()
+		ret := destroy()
+		if ret == nvml.SUCCESS {
+			changed()
+		}
+		return ret
 	}
 	slicesOf := gi.MIGProfiles.ComputeInstanceProfiles[int(gi.Info.ProfileId)]
 	giSlices := uint32(0)
@@ -346,8 +417,13 @@ func completeGI(gi *server.GpuInstance, name string, log *callLog) {
 			destroyCI := c.DestroyFunc
 			c.DestroyFunc = func() nvml.Return {
 				log.add("%s DestroyComputeInstance(gi=%d ci=%d)", name, gi.Info.Id, c.Info.Id)
-				return destroyCI()
+				ret := destroyCI()
+				if ret == nvml.SUCCESS {
+					changed()
+				}
+				return ret
 			}
+			changed()
 		}
 		return ci, ret
 	}

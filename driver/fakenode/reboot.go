@@ -30,5 +30,6 @@ func (n *Node) Reboot() error {
 			}
 		}
 	}
-	return nil
+	n.persist.save()
+	return n.PersistError()
 }

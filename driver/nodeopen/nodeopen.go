@@ -79,7 +79,10 @@ func (o *Options) Open() (*gpulib.Node, error) {
 	if dir == "" {
 		dir = filepath.Join(os.TempDir(), "tessera-fake-"+o.NodeName)
 	}
-	n, err := fakenode.New(o.FakeNode, fakenode.Options{Dir: dir, NodeName: o.NodeName, Clique: o.FakeClique})
+	// The fake driver's MIG state outlives this process, as the kernel
+	// driver's does: a plugin started again over the same --fake-root
+	// (another pod of the DaemonSet) finds the partitions held.
+	n, err := fakenode.New(o.FakeNode, fakenode.Options{Dir: dir, NodeName: o.NodeName, Clique: o.FakeClique, Persist: true})
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,8 @@ func dropFromSlices(c *fake.Clientset, drop func(*resourceapi.ResourceSlice)) {
 
 // TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices: without
 // counters the scheduler could hand out overlapping partitions, so the
-// plugin stops offering partitions and publishes whole GPUs instead.
+// plugin stops offering partitions and publishes whole GPUs instead, and a
+// partition that exists already as what it is.
 func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing.T) {
 	h := startWith(t, func(dir string, o *plugin.Options) {
 		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "dgx-h100", FakeRoot: filepath.Join(dir, "host")}
@@ -71,6 +72,10 @@ func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing
 	}
 	withoutPartitionableDevices(h.client)
 	h.restart()
+	// The partition still exists on gpu-1 (the driver keeps it across
+	// the plugin's restart): gpu-1 is published as that partition, as an
+	// operator's static MIG layout would be, and not whole.
+	wantAfterFallback := []string{"gpu-0", "gpu-1-mig-1g10gb-6", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"}
 	var names []string
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -84,14 +89,14 @@ func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing
 				names = append(names, d.Name)
 			}
 		}
-		if len(names) == 8 && !slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, "-mig-") }) {
+		slices.Sort(names)
+		if slices.Equal(names, wantAfterFallback) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	slices.Sort(names)
-	if want := []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"}; !slices.Equal(names, want) {
-		t.Fatalf("published %v after the fallback, want only the whole GPUs %v", names, want)
+	if !slices.Equal(names, wantAfterFallback) {
+		t.Fatalf("published %v after the fallback, want the whole GPUs and gpu-1's held partition %v", names, wantAfterFallback)
 	}
 	if _, msg := h.prepare(h.claim("part", "gpu-0-mig-1g10gb-6")); !strings.Contains(msg, "does not exist on node") {
 		t.Errorf("a partition was prepared after the fallback: %q", msg)
@@ -99,8 +104,8 @@ func TestDynamicMIGFallsBackWhenTheAPIServerDropsPartitionableDevices(t *testing
 	if _, msg := h.prepare(h.claim("whole", "gpu-0")); msg != "" {
 		t.Errorf("whole GPU after the fallback: %s", msg)
 	}
-	if _, msg := h.prepare(h.claim("under", "gpu-1")); !strings.Contains(msg, "shares GPU gpu-1 with device gpu-1-mig-1g10gb-6") {
-		t.Errorf("whole gpu-1 while its partition is held: %q", msg)
+	if _, msg := h.prepare(h.claim("under", "gpu-1")); !strings.Contains(msg, "allocated device gpu-1 does not exist on node") {
+		t.Errorf("whole gpu-1 while its partition is held: %q, want it refused as not published", msg)
 	}
 }
 
