@@ -135,3 +135,17 @@ func (n *Node) PersistError() error {
 	defer n.persist.mu.Unlock()
 	return n.persist.err
 }
+
+// GPUInstancesInState counts the GPU instances on each GPU in a state
+// file's content (StateFile), for tests that read it where the node runs.
+func GPUInstancesInState(data []byte) ([]int, error) {
+	var s savedState
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("read the fake driver's state: %w", err)
+	}
+	out := make([]int, len(s.GPUs))
+	for i, g := range s.GPUs {
+		out[i] = len(g.Instances)
+	}
+	return out, nil
+}

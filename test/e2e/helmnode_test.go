@@ -55,9 +55,10 @@ func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
 	return archive
 }
 
-// TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart, as
-// Helm 4 applies it, on a cluster with a real-runtime node (containerd,
-// runc) that holds Tessera's image built without a container engine. The
+// TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart with
+// helm (helm install --create-namespace) on a cluster with a real-runtime
+// node (containerd, runc) that holds Tessera's image built without a
+// container engine. The
 // DaemonSet's pod runs the plugin from that image under runc, simulating a
 // DGX H100 (kubeletPlugin.fakeNode); it registers with the kubelet through
 // the registration directory mounted from the node, and publishes the node's
@@ -70,7 +71,10 @@ func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
 // /usr/lib64 layout, finds libcuda.so.1 in the loader cache the chart's
 // tessera-cdi-hook wrote (checkGPUPod). A pod with a 1g.10gb partition sees
 // its parent GPU and exactly its partition's MIG capability nodes
-// (checkMIGPod).
+// (checkMIGPod). Then the operator's life cycle: helm upgrade while pods
+// hold a GPU and a partition (checkUpgradeKeepsHeldGPUs), a deleted plugin
+// pod (checkPluginPodReplaced), a drain (checkDrain) and helm uninstall
+// (checkUninstalled).
 func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
@@ -174,7 +178,7 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	pluginPod = checkPluginPodReplaced(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
 	checkDrain(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
 
-	step = "helm uninstall removes the plugin; the node keeps no slice, CDI spec or prepared claim"
+	step = "helm uninstall removes the plugin; the node keeps no slice, CDI spec, prepared claim or MIG instance"
 	t0 = time.Now()
 	if err := release.Uninstall(ctx, helm.DefaultRelease.Name); err != nil {
 		steps.fail(step, "%v", err)
@@ -215,12 +219,14 @@ func heldGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps real
 }
 
 // checkUpgradeKeepsHeldGPUs upgrades the release to upgradeImage while a
-// pod holds a GPU: the DaemonSet replaces the plugin pod (in the host
-// network the old one stops first, see the chart's update strategy), the
-// held pod keeps running with its claim's CDI spec and checkpoint entry, a
+// pod holds a GPU and another a 1g.10gb partition: the DaemonSet replaces
+// the plugin pod (in the host network the old one stops first, see the
+// chart's update strategy), the held pods keep running with their claims'
+// CDI specs and checkpoint entries and the partition, a
 // pod created as the upgrade starts runs (the kubelet retries its prepare
 // until a plugin serves it), and the new plugin unprepares the claim the
-// old one prepared when its pod is deleted. It returns the new plugin pod.
+// old one prepared when its pod is deleted, destroying the partition the
+// old one created. It returns the new plugin pod.
 func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, release *helmrelease.Client, values map[string]any, old *corev1.Pod, ns, nodeName string) *corev1.Pod {
 	t.Helper()
 	n := c.nodes[nodeName]
@@ -230,6 +236,18 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 		steps.fail(step, "create claim template: %v", err)
 	}
 	held, claim := heldGPUPod(ctx, t, c, steps, step, ns, "held", "held-gpu", nodeName)
+	step = "a pod holds a 1g.10gb partition before the upgrade"
+	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, migTemplate(ns, "held-1g", "1g.10gb"), metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create claim template: %v", err)
+	}
+	heldMIG := busyboxPod(ns, "held-mig", nodeName, "ls /dev/nvidia-caps")
+	heldMIG.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "mig", ResourceClaimTemplateName: ptr.To("held-1g")}}
+	heldMIG.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mig"}}
+	heldMIG, _ = steps.run(ctx, c, step, heldMIG)
+	migClaim := c.claimOf(ctx, t, heldMIG, "mig")
+	if got := fakeInstances(steps, step, n.Node.Node); sum(got) != 1 {
+		steps.fail(step, "the node's GPUs hold instances %v, want the held partition's one", got)
+	}
 
 	step = "helm upgrade to a new image tag replaces the plugin pod"
 	t0 := time.Now()
@@ -252,16 +270,24 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
-	step = "the held pod keeps its GPU through the upgrade"
-	p, err := client.CoreV1().Pods(ns).Get(ctx, held.Name, metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 || p.UID != held.UID {
-		steps.fail(step, "pod %s after the upgrade: %v %+v", held.Name, err, p)
+	step = "the held pods keep their GPU and partition through the upgrade"
+	for _, pc := range []struct {
+		pod   *corev1.Pod
+		claim *resourceapi.ResourceClaim
+	}{{held, claim}, {heldMIG, migClaim}} {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, pc.pod.Name, metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 || p.UID != pc.pod.UID {
+			steps.fail(step, "pod %s after the upgrade: %v %+v", pc.pod.Name, err, p)
+		}
+		if data := nodeCheckpoint(steps, step, n.Node.Node); data.Claims[string(pc.claim.UID)].Name != pc.claim.Name {
+			steps.fail(step, "the checkpoint lost claim %s (uid %s) across the upgrade: it holds %v", pc.claim.Name, pc.claim.UID, slices.Collect(maps.Keys(data.Claims)))
+		}
+		if _, err := os.Stat(n.cdiSpecPath(t, pc.claim)); err != nil {
+			steps.fail(step, "the CDI spec of claim %s is gone after the upgrade: %v", pc.claim.Name, err)
+		}
 	}
-	if data := nodeCheckpoint(steps, step, n.Node.Node); data.Claims[string(claim.UID)].Name != claim.Name {
-		steps.fail(step, "the checkpoint lost claim %s (uid %s) across the upgrade: it holds %v", claim.Name, claim.UID, slices.Collect(maps.Keys(data.Claims)))
-	}
-	if _, err := os.Stat(n.cdiSpecPath(t, claim)); err != nil {
-		steps.fail(step, "the CDI spec of claim %s is gone after the upgrade: %v", claim.Name, err)
+	if got := fakeInstances(steps, step, n.Node.Node); sum(got) != 1 {
+		steps.fail(step, "after the upgrade the node's GPUs hold instances %v, want the held partition's one", got)
 	}
 
 	step = "the pod created during the upgrade runs once the new plugin is up"
@@ -271,10 +297,13 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 
 	step = "the new plugin unprepares the claim the old one prepared"
 	t0 = time.Now()
-	c.deletePodsAndWait(ctx, t, held, during)
+	c.deletePodsAndWait(ctx, t, held, heldMIG, during)
 	waitNoCDISpecs(ctx, t, n)
 	if data := nodeCheckpoint(steps, step, n.Node.Node); len(data.Claims) != 0 {
 		steps.fail(step, "the checkpoint still holds claims %v after their pods were deleted", slices.Collect(maps.Keys(data.Claims)))
+	}
+	if got := fakeInstances(steps, step, n.Node.Node); sum(got) != 0 {
+		steps.fail(step, "the partition the old plugin created was not destroyed: the node's GPUs hold instances %v", got)
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 	return plugin
@@ -338,6 +367,30 @@ func checkDrain(ctx context.Context, t *testing.T, c *tesseraCluster, steps real
 	c.deletePodsAndWait(ctx, t, after)
 	waitNoCDISpecs(ctx, t, c.nodes[nodeName])
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+}
+
+// fakeInstances reads, on a real-runtime node, how many MIG instances each
+// GPU of the chart's simulated node holds: the fake driver's state, which
+// outlives the plugin's pods as a real driver's does.
+func fakeInstances(steps realNodeSteps, step string, node *cluster.Node) []int {
+	steps.t.Helper()
+	data, err := node.ReadFile(filepath.Join(cluster.NodeKubeletDir, "plugins", driverName, "fake-node", fakenode.StateFile))
+	if err != nil {
+		steps.fail(step, "read the simulated driver's state on node %s: %v", node.Name(), err)
+	}
+	counts, err := fakenode.GPUInstancesInState(data)
+	if err != nil {
+		steps.fail(step, "%v", err)
+	}
+	return counts
+}
+
+func sum(v []int) int {
+	total := 0
+	for _, x := range v {
+		total += x
+	}
+	return total
 }
 
 // nodeCheckpoint reads the plugin's checkpoint on a real-runtime node.
@@ -447,5 +500,8 @@ func checkUninstalled(ctx context.Context, steps realNodeSteps, step string, c *
 	}
 	if held := nodeCheckpoint(steps, step, node); len(held.Claims) != 0 {
 		steps.fail(step, "after helm uninstall, the plugin's checkpoint on node %s holds claims %v", nodeName, slices.Collect(maps.Keys(held.Claims)))
+	}
+	if got := fakeInstances(steps, step, node); sum(got) != 0 {
+		steps.fail(step, "after helm uninstall, the node's GPUs hold MIG instances %v", got)
 	}
 }
