@@ -85,10 +85,11 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		devs[i] = d.(*server.Device)
 	}
 	log := &callLog{}
+	settings := make([]*settings, len(devs))
 	var persist *persister
 	saved, restore, err := savedState{}, false, error(nil)
 	if opts.Persist {
-		persist = &persister{path: filepath.Join(opts.Dir, StateFile), devs: devs}
+		persist = &persister{path: filepath.Join(opts.Dir, StateFile), devs: devs, settings: settings}
 		if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
 		}
@@ -97,19 +98,19 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 		}
 	}
 	changed := func() {}
-	settings := make([]*settings, len(devs))
 	for i, d := range devs {
 		d.UUID = "GPU-" + uuid.NewSHA1(uuidSpace, fmt.Appendf(nil, "%s/%s/%d", opts.NodeName, p.Name, i)).String()
 		d.PciBusID = p.GPUs[i].BusID
 		complete(d, i, p, devs, island)
 		restoreMIG := completeMIG(d, i, p, log, func() string { return d.UUID }, func() { changed() })
-		settings[i] = completeSettings(d, i, p, log)
+		settings[i] = completeSettings(d, i, p, log, func() { changed() })
 		switch {
 		case restore:
 			// The driver still holds what an earlier process made.
 			if err := restoreMIG(saved.GPUs[i]); err != nil {
 				return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
 			}
+			settings[i].restore(saved.GPUs[i])
 		case slices.Contains(p.MIGEnabled, i) || len(p.MIGInstances[i]) > 0:
 			if err := createStatic(d, p.GPU.MIG, p.MIGInstances[i]); err != nil {
 				return nil, fmt.Errorf("fake node %s: gpu-%d: %w", p.Name, i, err)

@@ -15,7 +15,7 @@ import (
 // StateFile is where a fake node opened with Options.Persist keeps what
 // the NVIDIA kernel driver would hold across processes, in its directory:
 // each GPU's MIG mode and its GPU and compute instances (IDs, profiles,
-// placements). A real driver keeps them until the node reboots or the GPU
+// placements), its power limit and its compute mode. A real driver keeps them until the node reboots or the GPU
 // is reset, whichever process made them; so a plugin started again in
 // another process (a new plugin pod during an upgrade, over the same
 // --fake-root) finds the partitions the old one created. Reboot clears
@@ -28,8 +28,10 @@ type savedState struct {
 }
 
 type savedGPU struct {
-	MigMode   int       `json:"migMode"`
-	Instances []savedGI `json:"gpuInstances,omitempty"`
+	MigMode     int       `json:"migMode"`
+	Instances   []savedGI `json:"gpuInstances,omitempty"`
+	PowerMW     uint32    `json:"powerLimitMW"`
+	ComputeMode int       `json:"computeMode"`
 }
 
 type savedGI struct {
@@ -45,11 +47,12 @@ type savedCI struct {
 	Profile uint32 `json:"profileId"`
 }
 
-// persister writes the node's MIG state to its StateFile after each change.
+// persister writes the node's state to its StateFile after each change.
 type persister struct {
-	path string
-	devs []*server.Device
-	mu   sync.Mutex
+	path     string
+	devs     []*server.Device
+	settings []*settings
+	mu       sync.Mutex
 	// err is the first failed write: the fake cannot keep its promise, and
 	// Node.PersistError reports it to the test.
 	err error
@@ -63,15 +66,15 @@ func (p *persister) save() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := writeState(p.path, snapshot(p.devs)); err != nil && p.err == nil {
+	if err := writeState(p.path, snapshot(p.devs, p.settings)); err != nil && p.err == nil {
 		p.err = err
 	}
 }
 
-// snapshot reads the devices' MIG state, instances in ID order.
-func snapshot(devs []*server.Device) savedState {
+// snapshot reads the devices' state, instances in ID order.
+func snapshot(devs []*server.Device, settings []*settings) savedState {
 	var s savedState
-	for _, d := range devs {
+	for i, d := range devs {
 		d.RLock()
 		g := savedGPU{MigMode: d.MigMode}
 		for gi := range d.GpuInstances {
@@ -86,6 +89,10 @@ func snapshot(devs []*server.Device) savedState {
 		}
 		d.RUnlock()
 		slices.SortFunc(g.Instances, func(a, b savedGI) int { return int(a.ID) - int(b.ID) })
+		st := settings[i]
+		st.mu.Lock()
+		g.PowerMW, g.ComputeMode = st.powerMW, int(st.computeMode)
+		st.mu.Unlock()
 		s.GPUs = append(s.GPUs, g)
 	}
 	return s

@@ -63,11 +63,13 @@ func migLayout(t *testing.T, n *fakenode.Node, gpu int) (mode int, instances []s
 }
 
 // TestMIGStateOutlivesTheProcessThatMadeIt: the NVIDIA driver keeps MIG
-// mode and instances until a reboot, whichever process made them. A fake
-// node that persists, opened again over the same directory (another
-// plugin process), finds the same instances with the same IDs, profiles,
-// placements and MIG UUIDs; one destroyed there is gone for the next; a
-// reboot clears them. A node that does not persist starts afresh.
+// mode and instances, power limits and compute modes until a reboot,
+// whichever process set them. A fake node that persists, opened again over
+// the same directory (another plugin process), finds the same instances
+// with the same IDs, profiles, placements and MIG UUIDs, and the same
+// settings; an instance destroyed there is gone for the next; a reboot
+// clears instances and settings. A node that does not persist starts
+// afresh.
 func TestMIGStateOutlivesTheProcessThatMadeIt(t *testing.T) {
 	dir := t.TempDir()
 	open := func(persist bool) *fakenode.Node {
@@ -103,6 +105,15 @@ func TestMIGStateOutlivesTheProcessThatMadeIt(t *testing.T) {
 	p, _ := d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_3_SLICE)
 	gis, _ := d.GetGpuInstances(&p)
 	destroyAll(t, gis[0])
+	// GPU settings an administrator (or the plugin, for a claim) changed.
+	d2, _ := first.NVML.DeviceGetHandleByIndex(2)
+	defaultMW, _ := d2.GetPowerManagementLimit()
+	if ret := d2.SetPowerManagementLimit(defaultMW - 100000); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if ret := d2.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
 	wantMode, want, wantUUIDs := migLayout(t, first, 3)
 	if len(want) != 2 || len(wantUUIDs) != 2 {
 		t.Fatalf("first process: instances %v, MIG devices %v, want two of each", want, wantUUIDs)
@@ -113,12 +124,15 @@ func TestMIGStateOutlivesTheProcessThatMadeIt(t *testing.T) {
 	if mode != wantMode || !slices.Equal(got, want) || !slices.Equal(uuids, wantUUIDs) {
 		t.Errorf("another process finds mode %d, instances %v, MIG devices %v; want %d, %v, %v", mode, got, uuids, wantMode, want, wantUUIDs)
 	}
+	if mw, mode := second.PowerLimitMW(2), second.ComputeMode(2); mw != defaultMW-100000 || mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("another process finds gpu-2 at %d mW in compute mode %d, want %d mW and exclusive-process (%d)", mw, mode, defaultMW-100000, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+	}
 	if len(second.Calls()) != 0 {
 		t.Errorf("another process starts with calls %v recorded, want none", second.Calls())
 	}
-	d2, _ := second.NVML.DeviceGetHandleByIndex(3)
-	p1, _ := d2.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
-	gis, _ = d2.GetGpuInstances(&p1)
+	d3, _ := second.NVML.DeviceGetHandleByIndex(3)
+	p1, _ := d3.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	gis, _ = d3.GetGpuInstances(&p1)
 	destroyAll(t, gis[0])
 
 	third := open(true)
@@ -128,8 +142,12 @@ func TestMIGStateOutlivesTheProcessThatMadeIt(t *testing.T) {
 	if err := third.Reboot(); err != nil {
 		t.Fatal(err)
 	}
-	if n := open(true).GPUInstances(3); n != 0 {
+	rebooted := open(true)
+	if n := rebooted.GPUInstances(3); n != 0 {
 		t.Errorf("after a reboot, a new process finds %d GPU instances, want 0", n)
+	}
+	if mw, mode := rebooted.PowerLimitMW(2), rebooted.ComputeMode(2); mw != defaultMW || mode != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("after a reboot gpu-2 is at %d mW in compute mode %d, want the defaults %d mW and %d", mw, mode, defaultMW, nvml.COMPUTEMODE_DEFAULT)
 	}
 	if mode, _, _ := migLayout(t, open(true), 3); mode != nvml.DEVICE_MIG_ENABLE {
 		t.Errorf("after a reboot MIG mode is %d, want it kept (a persistent setting)", mode)

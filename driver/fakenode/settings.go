@@ -19,8 +19,9 @@ type settings struct {
 
 // completeSettings lets the driver read and change the power limit and the
 // compute mode as NVML does: a limit outside the board's constraints is
-// refused with INVALID_ARGUMENT, like the real call. Changes are logged.
-func completeSettings(d *server.Device, i int, p Profile, log *callLog) *settings {
+// refused with INVALID_ARGUMENT, like the real call. Changes are logged,
+// and changed is called after each that succeeded.
+func completeSettings(d *server.Device, i int, p Profile, log *callLog, changed func()) *settings {
 	name := fmt.Sprintf("gpu-%d", i)
 	lim := powerLimits(p.GPU)
 	s := &settings{powerMW: lim.def, computeMode: nvml.COMPUTEMODE_DEFAULT}
@@ -30,7 +31,7 @@ func completeSettings(d *server.Device, i int, p Profile, log *callLog) *setting
 		return s.powerMW, nvml.SUCCESS
 	}
 	d.GetEnforcedPowerLimitFunc = d.GetPowerManagementLimitFunc
-	d.SetPowerManagementLimitFunc = func(mw uint32) nvml.Return {
+	setPower := func(mw uint32) nvml.Return {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		log.add("%s SetPowerManagementLimit(%d)", name, mw)
@@ -40,12 +41,19 @@ func completeSettings(d *server.Device, i int, p Profile, log *callLog) *setting
 		s.powerMW = mw
 		return nvml.SUCCESS
 	}
+	d.SetPowerManagementLimitFunc = func(mw uint32) nvml.Return {
+		ret := setPower(mw)
+		if ret == nvml.SUCCESS {
+			changed()
+		}
+		return ret
+	}
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.computeMode, nvml.SUCCESS
 	}
-	d.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
+	setMode := func(m nvml.ComputeMode) nvml.Return {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		log.add("%s SetComputeMode(%d)", name, m)
@@ -56,6 +64,13 @@ func completeSettings(d *server.Device, i int, p Profile, log *callLog) *setting
 		}
 		s.computeMode = m
 		return nvml.SUCCESS
+	}
+	d.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
+		ret := setMode(m)
+		if ret == nvml.SUCCESS {
+			changed()
+		}
+		return ret
 	}
 	return s
 }
@@ -74,4 +89,14 @@ func (n *Node) ComputeMode(gpu int) nvml.ComputeMode {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.computeMode
+}
+
+// restore sets what a saved state holds (a zero power limit: none saved).
+func (s *settings) restore(g savedGPU) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g.PowerMW != 0 {
+		s.powerMW = g.PowerMW
+	}
+	s.computeMode = nvml.ComputeMode(g.ComputeMode)
 }
