@@ -208,9 +208,7 @@ func waitForPluginPod(ctx context.Context, steps realNodeSteps, client kubernete
 // template (a one-GPU template in ns) and returns it with its claim.
 func heldGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, step, ns, name, template, node string) (*corev1.Pod, *resourceapi.ResourceClaim) {
 	t.Helper()
-	pod := busyboxPod(ns, name, node, "ls /dev/nvidia[0-9]*")
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To(template)}}
-	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	pod := withClaim(busyboxPod(ns, name, node, "ls /dev/nvidia[0-9]*"), "gpu", template)
 	pod, out := steps.run(ctx, c, step, pod)
 	if !strings.HasPrefix(out, "/dev/nvidia") {
 		steps.fail(step, "pod %s lists no GPU device node: %q", name, out)
@@ -240,9 +238,7 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, migTemplate(ns, "held-1g", "1g.10gb"), metav1.CreateOptions{}); err != nil {
 		steps.fail(step, "create claim template: %v", err)
 	}
-	heldMIG := busyboxPod(ns, "held-mig", nodeName, "ls /dev/nvidia-caps")
-	heldMIG.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "mig", ResourceClaimTemplateName: ptr.To("held-1g")}}
-	heldMIG.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mig"}}
+	heldMIG := withClaim(busyboxPod(ns, "held-mig", nodeName, "ls /dev/nvidia-caps"), "mig", "held-1g")
 	heldMIG, _ = steps.run(ctx, c, step, heldMIG)
 	migClaim := c.claimOf(ctx, t, heldMIG, "mig")
 	if got := fakeInstances(steps, step, n.Node.Node); sum(got) != 1 {
@@ -258,9 +254,7 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	}
 	// A pod created as the plugin is replaced: the old plugin prepares it
 	// if it still can, else the kubelet retries until the new one serves.
-	during := busyboxPod(ns, "during", nodeName, "ls /dev/nvidia[0-9]*")
-	during.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("held-gpu")}}
-	during.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	during := withClaim(busyboxPod(ns, "during", nodeName, "ls /dev/nvidia[0-9]*"), "gpu", "held-gpu")
 	if _, err := client.CoreV1().Pods(ns).Create(ctx, during, metav1.CreateOptions{}); err != nil {
 		steps.fail(step, "create pod %s: %v", during.Name, err)
 	}

@@ -111,6 +111,14 @@ func busyboxPod(ns, name, node, script string) *corev1.Pod {
 	}, node)
 }
 
+// withClaim gives pod, a busyboxPod, a claim named name made from the
+// ResourceClaimTemplate template, for its container.
+func withClaim(pod *corev1.Pod, name, template string) *corev1.Pod {
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: name, ResourceClaimTemplateName: ptr.To(template)}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: name}}
+	return pod
+}
+
 // gpuProbe is what the GPU workload's container prints about itself: its
 // NVIDIA device nodes (type, major and minor in hex), its environment, the
 // driver library mounted in, what tessera-cdi-hook left in its root (the
@@ -195,8 +203,7 @@ func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 		steps.fail(step, "create claim template: %v", err)
 	}
 	pod := busyboxPod(ns, "gpu", n.Name(), gpuProbe)
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}}
-	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	withClaim(pod, "gpu", "one-gpu")
 	pod, out := steps.run(ctx, c, step, pod)
 	got := parseProbe(out)
 	claim := c.claimOf(ctx, t, pod, "gpu")
@@ -382,8 +389,7 @@ func checkMIGPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 		steps.fail(step, "create claim template: %v", err)
 	}
 	pod := busyboxPod(ns, "mig", n.Name(), migProbe)
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "mig", ResourceClaimTemplateName: ptr.To(template.Name)}}
-	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mig"}}
+	withClaim(pod, "mig", template.Name)
 	pod, out := steps.run(ctx, c, step, pod)
 	got := parseProbe(out)
 	devices := allocatedDevices(c.claimOf(ctx, t, pod, "mig"))
