@@ -65,6 +65,8 @@ type Cluster struct {
 	nodeImagesOnce  sync.Once
 	nodeImagesPath  string
 	nodeImagesError error
+	pods            *podNetwork // nil without real-runtime nodes
+	realNodes       int         // real-runtime nodes created so far
 }
 
 // Start brings up etcd, the control plane and every node, and returns once
@@ -111,6 +113,15 @@ func validate(opts *Options) error {
 			return fmt.Errorf("cluster dir %s is under %s, which each kubelet's mount namespace replaces; use another dir", dir, hidden)
 		}
 	}
+	real := 0
+	for _, n := range opts.Nodes {
+		if n.Runtime == RealContainerd {
+			real++
+		}
+	}
+	if real > maxRealNodes {
+		return fmt.Errorf("%d real-runtime nodes: a cluster has at most %d (their pods share one /24)", real, maxRealNodes)
+	}
 	seen := map[string]bool{}
 	for _, n := range opts.Nodes {
 		if n.Name == "" || seen[n.Name] {
@@ -130,6 +141,12 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 	for _, d := range []string{c.pkiDir(), c.logDir(), filepath.Join(c.dir, "kubeconfigs")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	if c.runtimeBins != (RuntimeBinaries{}) {
+		var err error
+		if c.pods, err = newPodNetwork(c.dir); err != nil {
+			return err
 		}
 	}
 	if err := c.startControlPlane(ctx, opts); err != nil {
@@ -166,6 +183,9 @@ func (c *Cluster) Stop() {
 		}
 		for i := len(c.components) - 1; i >= 0; i-- {
 			c.components[i].stop(5 * time.Second)
+		}
+		if c.pods != nil {
+			c.pods.stop(ctx)
 		}
 		if err := unmountBelow(c.dir); err != nil {
 			c.logger.Error(err, "Unmount below cluster dir failed", "dir", c.dir)

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -36,14 +35,13 @@ import (
 //     containers included, which otherwise outlive containerd.
 //
 // The network namespace is the host's, as on a real node: hostNetwork pods
-// reach the API server on 127.0.0.1. Pods get a bridge of their own per
-// node, with no address on the host side, no gateway and no masquerading:
-// they reach each other and nothing else.
+// reach the API server on 127.0.0.1. Other pods join the cluster's pod
+// network (podnetwork.go), with addresses from the node's part of it.
 type realRuntime struct {
 	node   *Node
 	dir    string // <node dir>/containerd
 	bins   RuntimeBinaries
-	bridge string
+	index  int // among the cluster's real-runtime nodes: its part of the pod network
 	holder *process
 	daemon *process
 }
@@ -79,10 +77,8 @@ while :; do sleep 86400 & wait $!; done`
 
 // startRealRuntime starts the node's namespaces and containerd, and imports
 // the pause and busybox images from archive.
-func startRealRuntime(ctx context.Context, n *Node, bins RuntimeBinaries, sysctlDir, archive string) (*realRuntime, error) {
-	r := &realRuntime{node: n, dir: filepath.Join(n.dir, "containerd"), bins: bins}
-	sum := sha256.Sum256([]byte(n.dir))
-	r.bridge = fmt.Sprintf("tsr%x", sum[:5]) // at most 15 bytes
+func startRealRuntime(ctx context.Context, n *Node, bins RuntimeBinaries, index int, sysctlDir, archive string) (*realRuntime, error) {
+	r := &realRuntime{node: n, dir: filepath.Join(n.dir, "containerd"), bins: bins, index: index}
 	runDir := filepath.Join(n.dir, "var-run")
 	for _, d := range []string{r.dir, runDir, filepath.Join(r.dir, "net.d")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -186,18 +182,25 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
 	if err := os.WriteFile(filepath.Join(r.dir, "config.toml"), []byte(config), 0o600); err != nil {
 		return fmt.Errorf("write containerd configuration: %w", err)
 	}
+	// The bridge and its host-side address exist already (podNetwork):
+	// the plugin attaches pods and sets no address, route or sysctl.
+	pods := r.node.cluster.pods
+	first, last := pods.nodeRange(r.index)
 	network := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "tessera-pods",
 		"plugins": []any{map[string]any{
 			"type":        "bridge",
-			"bridge":      r.bridge,
+			"bridge":      pods.bridge,
 			"isGateway":   false,
 			"ipMasq":      false,
 			"hairpinMode": false,
 			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": "10.244.0.0/24"}}},
+				"type": "host-local",
+				"ranges": [][]map[string]string{{{
+					"subnet": pods.subnet.String(), "rangeStart": first.String(), "rangeEnd": last.String(),
+					"gateway": pods.gateway.String(),
+				}}},
 				"dataDir": filepath.Join(r.dir, "ipam"),
 			},
 		}},
@@ -249,9 +252,8 @@ func (r *realRuntime) ctr(ctx context.Context, args ...string) error {
 }
 
 // stop removes every pod sandbox through the CRI (containerd stops their
-// containers, unmounts and tears their networks down), stops containerd,
-// ends the namespaces (killing whatever is left in them) and deletes the
-// pod bridge.
+// containers, unmounts and tears their networks down), stops containerd and
+// ends the namespaces (killing whatever is left in them).
 func (r *realRuntime) stop(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	if r.daemon != nil {
@@ -270,9 +272,6 @@ func (r *realRuntime) stop(ctx context.Context) {
 	parents, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
 	for _, p := range parents {
 		_ = os.Remove(p)
-	}
-	if out, err := exec.Command("ip", "link", "delete", r.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-		logger.Error(err, "Deleting the pod bridge failed", "node", r.node.name, "bridge", r.bridge, "output", string(out))
 	}
 }
 

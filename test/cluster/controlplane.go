@@ -27,6 +27,8 @@ var controllers = []string{
 	"device-taint-eviction-controller",
 	"replicaset-controller",
 	"deployment-controller",
+	// Services' endpoints, where the API server calls webhooks.
+	"endpointslice-controller",
 	"daemonset-controller",
 	"job-controller",
 	"statefulset-controller",
@@ -78,8 +80,11 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 	}
 
 	// Certificates and kubeconfigs for the apiserver and its clients.
-	serving, err := ca.issue(c.pkiDir(), "apiserver", "kube-apiserver", nil,
-		[]string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "10.0.0.1"})
+	hosts := []string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "10.0.0.1"}
+	if c.pods != nil {
+		hosts = append(hosts, c.pods.gateway.String()) // PodAPIServer
+	}
+	serving, err := ca.issue(c.pkiDir(), "apiserver", "kube-apiserver", nil, hosts)
 	if err != nil {
 		return err
 	}
@@ -127,6 +132,10 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		featureGates,
 		"--endpoint-reconciler-type=none",
 		"--service-cluster-ip-range=10.0.0.0/24",
+		// No Service proxy runs: the API server calls webhooks at their
+		// Services' endpoints (the pods' addresses) rather than at the
+		// Services' cluster IPs.
+		"--enable-aggregator-routing=true",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
@@ -139,6 +148,11 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		return err
 	}); err != nil {
 		return err
+	}
+	if c.pods != nil {
+		if err := c.pods.startRelay(ctx, apiPort); err != nil {
+			return err
+		}
 	}
 
 	// As for the controller manager below: at the default 50 qps the

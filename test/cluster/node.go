@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -38,6 +39,13 @@ const (
 	// containerd and created by runc. The node imports the pause image and
 	// BusyboxImage.
 	RealContainerd
+)
+
+// RuntimeLabel is the label a real-runtime node carries with the value
+// RealContainerdLabelValue: pods that must really run select it.
+const (
+	RuntimeLabel             = "test.tessera.dev/runtime"
+	RealContainerdLabelValue = "containerd"
 )
 
 // BusyboxImage is the workload image every real-runtime node holds (Debian's
@@ -165,7 +173,8 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name, err)
 		}
-		if n.real, err = startRealRuntime(ctx, n, c.runtimeBins, sysctlDir, archive); err != nil {
+		c.realNodes++
+		if n.real, err = startRealRuntime(ctx, n, c.runtimeBins, c.realNodes-1, sysctlDir, archive); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name, err)
 		}
 		socket = n.real.socket()
@@ -204,13 +213,20 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		"--node-ip=127.0.0.1",
 		"--v=3",
 	)
-	if len(spec.Labels) > 0 {
-		var labels []string
-		for k, v := range spec.Labels {
-			labels = append(labels, k+"="+v)
+	labels := maps.Clone(spec.Labels)
+	if spec.Runtime == RealContainerd {
+		if labels == nil {
+			labels = map[string]string{}
 		}
-		sort.Strings(labels)
-		n.argv = append(n.argv, "--node-labels="+strings.Join(labels, ","))
+		labels[RuntimeLabel] = RealContainerdLabelValue
+	}
+	if len(labels) > 0 {
+		var pairs []string
+		for k, v := range labels {
+			pairs = append(pairs, k+"="+v)
+		}
+		sort.Strings(pairs)
+		n.argv = append(n.argv, "--node-labels="+strings.Join(pairs, ","))
 	}
 	return n, nil
 }

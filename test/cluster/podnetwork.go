@@ -1,0 +1,220 @@
+package cluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"k8s.io/klog/v2"
+)
+
+// A cluster with real-runtime nodes has one pod network: a bridge in the
+// host's network namespace that every such node's CNI bridge plugin attaches
+// its pods to, with the subnet 10.244.K.0/24 (K free on this machine, chosen
+// under a lock shared by every cluster here) and the address 10.244.K.1 on
+// the host side. Pods reach each other and the host on that address, and the
+// control plane (the API server calling a webhook, the kubelet probing a
+// pod) reaches pods; the network has no gateway out and no masquerading, so
+// nothing leaves the machine. Each node hands out its own part of the
+// subnet (nodeRange).
+//
+// The API server listens on 127.0.0.1 only, and the cluster runs no Service
+// proxy, so pods in the pod network reach the API server through a relay on
+// 10.244.K.1 at the API server's port (PodAPIServer): it carries bytes to
+// 127.0.0.1 and nothing else; TLS ends at the API server, whose certificate
+// names 10.244.K.1.
+type podNetwork struct {
+	bridge  string
+	subnet  *net.IPNet
+	gateway net.IP
+
+	mu     sync.Mutex
+	relay  net.Listener
+	conns  map[net.Conn]bool
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// podNetworkLock serialises the choice of subnets between clusters on this
+// machine: each picks a subnet no interface has and puts it on its bridge
+// while holding it.
+var podNetworkLock = filepath.Join(os.TempDir(), "tessera-pod-networks.lock")
+
+// maxRealNodes is how many real-runtime nodes share a pod network: each
+// hands out 30 addresses (nodeRange).
+const maxRealNodes = 8
+
+// newPodNetwork creates the bridge of the cluster living in dir, with a
+// subnet of 10.244.0.0/16 that no interface of this machine has.
+func newPodNetwork(dir string) (*podNetwork, error) {
+	sum := sha256.Sum256([]byte(dir))
+	p := &podNetwork{bridge: fmt.Sprintf("tsr%x", sum[:5]), conns: map[net.Conn]bool{}} // at most 15 bytes
+	lock, err := os.OpenFile(podNetworkLock, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open the pod network lock: %w", err)
+	}
+	defer func() { _ = lock.Close() }()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", podNetworkLock, err)
+	}
+	taken, err := takenSubnets()
+	if err != nil {
+		return nil, err
+	}
+	for k := range 256 {
+		if taken[k] {
+			continue
+		}
+		p.subnet = &net.IPNet{IP: net.IPv4(10, 244, byte(k), 0).To4(), Mask: net.CIDRMask(24, 32)}
+		p.gateway = net.IPv4(10, 244, byte(k), 1).To4()
+		break
+	}
+	if p.subnet == nil {
+		return nil, errors.New("every subnet of 10.244.0.0/16 is on an interface of this machine: delete the tsr* bridges that stopped clusters left behind")
+	}
+	for _, args := range [][]string{
+		{"link", "add", "name", p.bridge, "type", "bridge"},
+		{"addr", "add", p.gateway.String() + "/24", "dev", p.bridge},
+		{"link", "set", p.bridge, "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			p.deleteBridge(klog.Background())
+			return nil, fmt.Errorf("create the pod bridge: ip %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return p, nil
+}
+
+// takenSubnets returns which 10.244.K.0/24 some interface's address is in.
+func takenSubnets() (map[int]bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list this machine's addresses: %w", err)
+	}
+	taken := map[int]bool{}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if ip := n.IP.To4(); ip != nil && ip[0] == 10 && ip[1] == 244 {
+			taken[int(ip[2])] = true
+		}
+	}
+	return taken, nil
+}
+
+// nodeRange is the part of the subnet the i-th real-runtime node's pods get
+// their addresses from.
+func (p *podNetwork) nodeRange(i int) (first, last net.IP) {
+	base := p.subnet.IP.To4()
+	first = net.IPv4(base[0], base[1], base[2], byte(32*i+2)).To4()
+	last = net.IPv4(base[0], base[1], base[2], byte(min(32*i+31, 254))).To4()
+	return first, last
+}
+
+// startRelay carries connections to the host side's address at port to
+// the API server on 127.0.0.1:port.
+func (p *podNetwork) startRelay(ctx context.Context, port int) error {
+	logger := klog.FromContext(ctx)
+	addr := net.JoinHostPort(p.gateway.String(), strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s for pods that call the API server: %w", addr, err)
+	}
+	p.relay = l
+	target := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	p.wg.Go(func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				logger.Error(err, "Relaying a pod's connection to the API server failed", "from", in.RemoteAddr())
+				_ = in.Close()
+				continue
+			}
+			if !p.track(in, out) {
+				return
+			}
+			p.wg.Go(func() { p.pipe(in, out) })
+		}
+	})
+	return nil
+}
+
+// track records a relayed connection's two ends, unless the relay stopped.
+func (p *podNetwork) track(conns ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range conns {
+		p.conns[c] = true
+	}
+	return true
+}
+
+// pipe copies between a and b until either side ends, then closes both.
+func (p *podNetwork) pipe(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(a, b); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(b, a); done <- struct{}{} }()
+	<-done
+	p.mu.Lock()
+	delete(p.conns, a)
+	delete(p.conns, b)
+	p.mu.Unlock()
+	_ = a.Close()
+	_ = b.Close()
+	<-done
+}
+
+// stop ends the relay and its connections, and deletes the bridge.
+func (p *podNetwork) stop(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	if p.relay != nil {
+		_ = p.relay.Close()
+	}
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.deleteBridge(klog.FromContext(ctx))
+}
+
+func (p *podNetwork) deleteBridge(logger klog.Logger) {
+	if out, err := exec.Command("ip", "link", "delete", p.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		logger.Error(err, "Deleting the pod bridge failed", "bridge", p.bridge, "output", string(out))
+	}
+}
+
+// PodAPIServer is the address (host and port) at which pods in the pod
+// network reach the API server, for KUBERNETES_SERVICE_HOST and
+// KUBERNETES_SERVICE_PORT; ok is false if the cluster has no real-runtime
+// node, hence no pod network.
+func (c *Cluster) PodAPIServer() (host, port string, ok bool) {
+	if c.pods == nil || c.pods.relay == nil {
+		return "", "", false
+	}
+	host, port, err := net.SplitHostPort(c.pods.relay.Addr().String())
+	return host, port, err == nil
+}
