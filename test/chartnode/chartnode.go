@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/url"
 	"path/filepath"
 	"strings"
 
@@ -79,38 +78,40 @@ func ImageValues(image string) map[string]any {
 }
 
 // Values are the chart's values that run the kubelet plugin from image on
-// c's real-runtime nodes, simulating fakenode profile. The kubelet and CDI
-// dirs are the chart's defaults (a real-runtime node has them where a real
-// node does). Since the local cluster runs no Service proxy, the plugin
-// runs in the node's network with the API server's loopback address in
-// place of the kubernetes Service; its health and metrics ports are free
-// ports of that network. The controller is off: its pods would need the
-// Service network too.
+// c's real-runtime nodes, simulating fakenode profile, and the gang
+// controller on one of them. The kubelet and CDI dirs are the chart's
+// defaults (a real-runtime node has them where a real node does), and the
+// pods run in the pod network, as the chart's defaults have them. Since the
+// local cluster runs no Service proxy, they reach the API server at the
+// cluster's address for pods (cluster.PodAPIServer) in place of the
+// kubernetes Service.
 func Values(c *cluster.Cluster, image, profile string) (map[string]any, error) {
-	api, err := url.Parse(c.RESTConfig().Host)
-	if err != nil {
-		return nil, err
+	host, port, ok := c.PodAPIServer()
+	if !ok {
+		return nil, fmt.Errorf("the cluster in %s has no real-runtime node for the chart's pods", c.Dir())
 	}
-	ports, err := cluster.FreePorts(2)
-	if err != nil {
-		return nil, err
+	env := []any{
+		map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": host},
+		map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": port},
 	}
 	return map[string]any{
 		"image": ImageValues(image),
 		"kubeletPlugin": map[string]any{
-			"fakeNode":    profile,
-			"hostNetwork": true,
-			"extraEnv": []any{
-				map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": api.Hostname()},
-				map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": api.Port()},
-			},
-			"healthPort":   ports[0],
-			"metricsPort":  ports[1],
+			"fakeNode":     profile,
+			"extraEnv":     env,
 			"logVerbosity": 4,
 		},
-		"controller": map[string]any{"enabled": false},
+		"controller": map[string]any{
+			"extraEnv":     env,
+			"nodeSelector": RealRuntimeNodes,
+			"logVerbosity": 4,
+		},
 	}, nil
 }
+
+// RealRuntimeNodes selects the cluster's real-runtime nodes, where a pod's
+// containers really run.
+var RealRuntimeNodes = map[string]any{cluster.RuntimeLabel: cluster.RealContainerdLabelValue}
 
 // PluginPod returns the DaemonSet's plugin pod on node in namespace ns if
 // it is the only one there, is not the pod with UID not (if set), runs
