@@ -71,7 +71,11 @@ func InstallDriver(root, libDir, version string) error {
 		}
 	}
 	for _, t := range fakeTools {
-		if err := mkfile(filepath.Join(root, "usr", "bin", t), "#!/bin/false\n", 0o755); err != nil {
+		content := "#!/bin/false\n"
+		if t == "nvidia-cuda-mps-control" {
+			content = string(fakeDaemon())
+		}
+		if err := mkfile(filepath.Join(root, "usr", "bin", t), content, 0o755); err != nil {
 			return err
 		}
 	}
