@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -21,8 +22,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/controller/domains"
 	"github.com/tessera-dev/tessera/controller/gang"
@@ -117,6 +120,33 @@ func (o Options) restConfig() (*rest.Config, error) {
 	return component.RESTConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "tessera-controller", o.apiTimeout())
 }
 
+// domainClassOwner waits until Tessera's domain DeviceClass exists and
+// returns it as the owner of the domain pools' slices. Helm creates
+// DeviceClasses after Deployments, so a fresh install's controller may
+// start first.
+func domainClassOwner(ctx context.Context, client kubernetes.Interface) (*resourceslice.Owner, error) {
+	logger := klog.FromContext(ctx)
+	var owner *resourceslice.Owner
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + gangv1.DomainClass})
+		switch {
+		case err != nil:
+			logger.Error(err, "Listing the domain DeviceClass failed; retrying", "deviceClass", gangv1.DomainClass)
+			return false, nil
+		case len(list.Items) == 0:
+			logger.Info("Waiting for the domain DeviceClass, which owns the domain pools (install Tessera's DeviceClasses)", "deviceClass", gangv1.DomainClass)
+			return false, nil
+		}
+		c := list.Items[0]
+		owner = &resourceslice.Owner{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass", Name: c.Name, UID: c.UID}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for DeviceClass %s: %w", gangv1.DomainClass, err)
+	}
+	return owner, nil
+}
+
 // runLeading publishes the domains and places gangs until ctx ends or the
 // gang controller stops on its own.
 func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn dynamic.Interface, metrics *gang.Metrics) error {
@@ -128,7 +158,11 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	defer factory.Shutdown()
 	defer dynFactory.Shutdown()
 	defer cancel()
-	if _, err := domains.Start(ctx, client, factory, domains.Options{Driver: slices.DriverName, TopologyKey: o.TopologyKey, Channels: o.Channels}); err != nil {
+	owner, err := domainClassOwner(ctx, client)
+	if err != nil {
+		return err
+	}
+	if _, err := domains.Start(ctx, client, factory, domains.Options{Driver: slices.DriverName, TopologyKey: o.TopologyKey, Channels: o.Channels, Owner: owner}); err != nil {
 		return err
 	}
 	gc, err := gang.New(ctx, client, dyn, factory, dynFactory, gang.Options{

@@ -4,15 +4,22 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/driver/domain"
 )
 
 // Options configure the publisher.
@@ -24,6 +31,12 @@ type Options struct {
 	TopologyKey string
 	// Channels is how many channel devices (gangs at once) a domain offers.
 	Channels int
+	// Owner is the cluster-scoped object (Tessera's domain DeviceClass) that
+	// owns the domain pools' slices: the garbage collector deletes them with
+	// it, as when the chart is uninstalled. Slices published without it
+	// (by an earlier version) are adopted at start. Nil: no owner, and the
+	// slices stay until deleted by hand.
+	Owner *resourceslice.Owner
 }
 
 // Publisher keeps the domain pools in step with the nodes and their slices.
@@ -58,11 +71,17 @@ func Start(ctx context.Context, client kubernetes.Interface, factory informers.S
 			return nil, err
 		}
 	}
-	// Without an owner the controller manages the driver's slices that name
-	// no node: exactly the domain pools (the kubelet plugins' name their node).
+	if opts.Owner != nil {
+		if err := adopt(ctx, client, opts.Driver, *opts.Owner); err != nil {
+			return nil, err
+		}
+	}
+	// Whatever its owner (unless a Node), the controller manages the
+	// driver's slices that name no node: exactly the domain pools (the
+	// kubelet plugins' name their node).
 	syncDelay := 5 * time.Second
 	ctrl, err := resourceslice.StartController(ctx, resourceslice.Options{
-		DriverName: opts.Driver, KubeClient: client, SyncDelay: &syncDelay,
+		DriverName: opts.Driver, KubeClient: client, SyncDelay: &syncDelay, Owner: opts.Owner,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start the domain pool publisher: %w", err)
@@ -70,6 +89,40 @@ func Start(ctx context.Context, client kubernetes.Interface, factory informers.S
 	p.ctrl = ctrl
 	go p.run(ctx)
 	return p, nil
+}
+
+// adopt makes owner the owner of every domain slice of driver that it does
+// not own yet (the slices an earlier version published without one, or with
+// an owner since replaced), in place of any earlier reference of owner's
+// kind and name.
+func adopt(ctx context.Context, client kubernetes.Interface, driver string, owner resourceslice.Owner) error {
+	logger := klog.FromContext(ctx)
+	list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: fields.Set{resourceapi.ResourceSliceSelectorDriver: driver, resourceapi.ResourceSliceSelectorNodeName: ""}.String(),
+	})
+	if err != nil {
+		return fmt.Errorf("list the domain slices to give them their owner: %w", err)
+	}
+	for i := range list.Items {
+		slice := &list.Items[i]
+		if _, _, ok := domain.ParsePool(slice.Spec.Pool.Name); !ok || slice.Spec.Driver != driver || ptr.Deref(slice.Spec.NodeName, "") != "" {
+			continue
+		}
+		refs := slices.DeleteFunc(slices.Clone(slice.OwnerReferences), func(r metav1.OwnerReference) bool {
+			return r.APIVersion == owner.APIVersion && r.Kind == owner.Kind && r.Name == owner.Name
+		})
+		if len(refs)+1 == len(slice.OwnerReferences) && slices.ContainsFunc(slice.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == owner.UID }) {
+			continue
+		}
+		slice.OwnerReferences = append(refs, metav1.OwnerReference{
+			APIVersion: owner.APIVersion, Kind: owner.Kind, Name: owner.Name, UID: owner.UID, Controller: ptr.To(true),
+		})
+		if _, err := client.ResourceV1().ResourceSlices().Update(ctx, slice, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("give domain slice %s its owner %s %s: %w", slice.Name, owner.Kind, owner.Name, err)
+		}
+		logger.Info("Adopted a domain slice", "slice", klog.KObj(slice), "pool", slice.Spec.Pool.Name, "owner", owner.Kind+"/"+owner.Name)
+	}
+	return nil
 }
 
 func (p *Publisher) changed() {

@@ -1,0 +1,77 @@
+package domains
+
+import (
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/driver/domain"
+)
+
+// TestAdoptGivesEveryDomainSliceItsOwner: the domain slices an earlier
+// version published without an owner, and those owned by a replaced
+// DeviceClass of the same name, get the current class as their only owner
+// of that name (others' references kept); a slice already owned is not
+// written; node slices and other drivers' slices are not touched.
+func TestAdoptGivesEveryDomainSliceItsOwner(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	owner := resourceslice.Owner{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass", Name: "domain.gpu.tessera.dev", UID: "class-uid"}
+	ref := func(o resourceslice.Owner) metav1.OwnerReference {
+		return metav1.OwnerReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, UID: o.UID, Controller: ptr.To(true)}
+	}
+	stale := owner
+	stale.UID = "replaced-class-uid"
+	other := metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "cm-uid"}
+	pool := domain.PoolName(domain.KindNVLink, "u.1")
+	slice := func(name, drv, pool string, nodeName *string, refs ...metav1.OwnerReference) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: refs, ResourceVersion: "1"},
+			Spec:       resourceapi.ResourceSliceSpec{Driver: drv, NodeName: nodeName, Pool: resourceapi.ResourcePool{Name: pool}},
+		}
+	}
+	client := fake.NewClientset(
+		slice("unowned", driver, pool, nil),
+		slice("stale", driver, pool, nil, ref(stale), other),
+		slice("owned", driver, pool, nil, ref(owner)),
+		slice("node", driver, "a", ptr.To("a")),
+		slice("foreign", "nic.example.com", pool, nil),
+	)
+	if err := adopt(ctx, client, driver, owner); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]metav1.OwnerReference{
+		"unowned": {ref(owner)},
+		"stale":   {other, ref(owner)},
+		"owned":   {ref(owner)},
+		"node":    nil,
+		"foreign": nil,
+	}
+	for name, refs := range want {
+		s, err := client.ResourceV1().ResourceSlices().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.OwnerReferences) != len(refs) {
+			t.Errorf("slice %s: owners %+v, want %+v", name, s.OwnerReferences, refs)
+			continue
+		}
+		for i := range refs {
+			if s.OwnerReferences[i].UID != refs[i].UID || s.OwnerReferences[i].Kind != refs[i].Kind {
+				t.Errorf("slice %s: owners %+v, want %+v", name, s.OwnerReferences, refs)
+			}
+		}
+	}
+	for _, a := range client.Actions() {
+		if u, ok := a.(interface{ GetObject() runtime.Object }); ok && a.GetVerb() == "update" {
+			if name := u.GetObject().(*resourceapi.ResourceSlice).Name; name != "unowned" && name != "stale" {
+				t.Errorf("adopt wrote slice %s", name)
+			}
+		}
+	}
+}
