@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +25,18 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/fakenode"
+	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/test/chartnode"
 	"github.com/tessera-dev/tessera/test/cluster"
 	"github.com/tessera-dev/tessera/test/gpunode"
 	"github.com/tessera-dev/tessera/test/helmrelease"
+	"github.com/tessera-dev/tessera/webhook/webhooktest"
 )
 
 // tesseraImage is the name Tessera's image, built by test/ociimage, has on
@@ -58,20 +64,25 @@ func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
 // TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart with
 // helm (helm install --create-namespace) on a cluster with a real-runtime
 // node (containerd, runc) that holds Tessera's image built without a
-// container engine. The
-// DaemonSet's pod runs the plugin from that image under runc, simulating a
-// DGX H100 (kubeletPlugin.fakeNode); it registers with the kubelet through
-// the registration directory mounted from the node, and publishes the node's
-// ResourceSlices with the token the kubelet projected into it: the API
-// server's audit log shows the write came from the plugin's service account
-// with a token bound to the node and the pod. With that same token the
-// node-lock policy refuses a slice of another node. A pod with a one-GPU
-// claim then runs on the node under runc and sees its GPU's device nodes,
-// environment and driver file, and only its GPU (gpuProbe); its image, a
-// /usr/lib64 layout, finds libcuda.so.1 in the loader cache the chart's
-// tessera-cdi-hook wrote (checkGPUPod). A pod with a 1g.10gb partition sees
-// its parent GPU and exactly its partition's MIG capability nodes
-// (checkMIGPod). Then the operator's life cycle: helm upgrade while pods
+// container engine, with the chart's defaults (pods in the pod network,
+// the plugin's surge update) and the webhook turned on with a Secret of our
+// own. The DaemonSet's pod runs the plugin from that image under runc,
+// simulating a DGX H100 in a multi-node NVLink clique (kubeletPlugin.fakeNode,
+// FAKE_CLIQUE); it registers with the kubelet through the registration
+// directory mounted from the node, and publishes the node's ResourceSlices
+// with the token the kubelet projected into it: the API server's audit log
+// shows the write came from the plugin's service account with a token bound
+// to the node and the pod. With that same token the node-lock policy refuses
+// a slice of another node. The API server calls the webhook's pod through
+// its Service (checkWebhookPod); the controller's pod leads
+// (checkControllerPod). A pod with a one-GPU claim then runs on the node
+// under runc and sees its GPU's device nodes, environment and driver file,
+// and only its GPU (gpuProbe); its image, a /usr/lib64 layout, finds
+// libcuda.so.1 in the loader cache the chart's tessera-cdi-hook wrote
+// (checkGPUPod). A pod with a 1g.10gb partition sees its parent GPU and
+// exactly its partition's MIG capability nodes (checkMIGPod); one with a
+// claim on the NVLink domain the controller published sees its IMEX channel
+// (checkDomainPod). Then the operator's life cycle: helm upgrade while pods
 // hold a GPU and a partition (checkUpgradeKeepsHeldGPUs), a deleted plugin
 // pod (checkPluginPodReplaced), a drain (checkDrain) and helm uninstall
 // (checkUninstalled).
@@ -81,7 +92,11 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	archive := buildTesseraImage(ctx, t, t.TempDir())
-	const nodeName, profile = "real-1", "dgx-h100"
+	// An H100 node in a multi-node NVLink clique (cliqueA, FAKE_CLIQUE
+	// below), which the controller makes a domain of. (A GB200 tray has one
+	// of its own, but its driver is aarch64's and this machine's image is
+	// amd64.)
+	const nodeName, profile, migProfile = "real-1", "dgx-h100", "1g.10gb"
 	c := cluster.StartT(t, cluster.Options{Nodes: []cluster.NodeSpec{{
 		Name: nodeName, Runtime: cluster.RealContainerd,
 		Labels: chartnode.GPUNodeLabel,
@@ -119,6 +134,9 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	values["webhook"] = webhookValues(ctx, t, c, ns)
+	pluginValues := values["kubeletPlugin"].(map[string]any)
+	pluginValues["extraEnv"] = append(pluginValues["extraEnv"].([]any), map[string]any{"name": "FAKE_CLIQUE", "value": cliqueA})
 	if err := release.Install(ctx, helm.DefaultRelease.Name, values); err != nil {
 		steps.fail(step, "%v", err)
 	}
@@ -172,13 +190,17 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	if err := c.CreateNamespace(ctx, "workloads"); err != nil {
 		t.Fatal(err)
 	}
+	checkWebhookPod(ctx, steps, c, ns, "workloads")
+	checkControllerPod(ctx, steps, c, ns, tesseraImage)
 	checkGPUPod(ctx, t, tc, steps, "workloads", nodeName, true)
-	checkMIGPod(ctx, t, tc, steps, "workloads", nodeName)
-	pluginPod = checkUpgradeKeepsHeldGPUs(ctx, t, tc, steps, release, values, pluginPod, "workloads", nodeName)
+	checkMIGPod(ctx, t, tc, steps, "workloads", nodeName, migProfile)
+	checkDomainPod(ctx, t, tc, steps, "workloads", nodeName)
+	checkMPSPod(ctx, t, tc, steps, "workloads", nodeName)
+	pluginPod = checkUpgradeKeepsHeldGPUs(ctx, t, tc, steps, release, values, pluginPod, "workloads", nodeName, migProfile)
 	pluginPod = checkPluginPodReplaced(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
 	checkDrain(ctx, t, tc, steps, pluginPod, "workloads", nodeName)
 
-	step = "helm uninstall removes the plugin; the node keeps no slice, CDI spec, prepared claim or MIG instance"
+	step = "helm uninstall removes the plugin; the node keeps no slice, CDI spec, prepared claim, MPS daemon or MIG instance"
 	t0 = time.Now()
 	if err := release.Uninstall(ctx, helm.DefaultRelease.Name); err != nil {
 		steps.fail(step, "%v", err)
@@ -186,6 +208,216 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	checkUninstalled(ctx, steps, step, c, node, nodeName)
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// webhookValues are the chart's values that run the admission webhook on
+// the cluster's real-runtime nodes with a serving certificate for its
+// Service's name in namespace ns, signed by a throwaway CA, in the Secret
+// the chart names (created here, in ns, as an operator without cert-manager
+// does).
+func webhookValues(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) map[string]any {
+	t.Helper()
+	ca := webhooktest.NewCA(t)
+	_, cert, key := ca.Issue(t, "tessera-webhook."+ns+".svc")
+	if err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "tessera-webhook-tls"
+	if _, err := c.Client().CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret, Namespace: ns},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the webhook's TLS Secret: %v", err)
+	}
+	return map[string]any{
+		"enabled":      true,
+		"nodeSelector": chartnode.RealRuntimeNodes,
+		"tls":          map[string]any{"secretName": secret, "caBundle": base64.StdEncoding.EncodeToString(ca.PEM)},
+	}
+}
+
+// checkWebhookPod checks that the API server calls the chart's webhook pod
+// through its Service: a claim in namespace ns whose Tessera configuration
+// is out of range is refused with the webhook's message naming the field,
+// and a valid one is admitted. The API server may call the webhook only
+// once its pod is ready and in the Service's endpoints; until then its
+// failure policy refuses every claim with a Tessera configuration, with
+// another message.
+func checkWebhookPod(ctx context.Context, steps realNodeSteps, c *cluster.Cluster, releaseNS, ns string) {
+	steps.t.Helper()
+	step := "the API server calls the webhook's pod through its Service"
+	t0 := time.Now()
+	const (
+		bad   = `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":150}}}`
+		valid = `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50}}}`
+	)
+	claims := c.Client().ResourceV1().ResourceClaims(ns)
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		claim := webhookClaim("webhook-bad", driverName, bad)
+		if _, last = claims.Create(ctx, claim, metav1.CreateOptions{}); last == nil {
+			return false, fmt.Errorf("a claim with defaultActiveThreadPercentage 150 was admitted")
+		}
+		return strings.Contains(last.Error(), "defaultActiveThreadPercentage") && strings.Contains(last.Error(), "between 1 and 100"), nil
+	})
+	if err != nil {
+		steps.fail(step, "no refusal from the webhook within 2m: %v; last answer: %v\n%s", err, last, webhookPodLog(ctx, c, releaseNS))
+	}
+	good := webhookClaim("webhook-good", driverName, valid)
+	if _, err := claims.Create(ctx, good, metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "a valid claim was refused: %v", err)
+	}
+	if err := claims.Delete(ctx, good.Name, metav1.DeleteOptions{}); err != nil {
+		steps.fail(step, "delete claim %s: %v", good.Name, err)
+	}
+	steps.t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+}
+
+// webhookPodLog is the last lines of the webhook pods' logs, through the
+// API server.
+func webhookPodLog(ctx context.Context, c *cluster.Cluster, ns string) string {
+	pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, p := range pods.Items {
+		log, err := c.Client().CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](20)}).DoRaw(ctx)
+		out = append(out, fmt.Sprintf("==== pod %s (%s): %v\n%s", p.Name, p.Status.Phase, err, log))
+	}
+	return strings.Join(out, "\n")
+}
+
+// checkControllerPod checks that the chart's gang controller runs as one
+// pod from image on a real-runtime node and holds the leader lease: it
+// reached the API server from the pod network with its own token.
+func checkControllerPod(ctx context.Context, steps realNodeSteps, c *cluster.Cluster, ns, image string) {
+	steps.t.Helper()
+	step := "the controller runs from " + image + " and leads"
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controller"})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if len(pods.Items) != 1 {
+			last = fmt.Sprintf("%d controller pods", len(pods.Items))
+			return false, nil
+		}
+		p := pods.Items[0]
+		if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].Image != image || !p.Status.ContainerStatuses[0].Ready {
+			last = fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+			return false, nil
+		}
+		lease, err := c.Client().CoordinationV1().Leases(ns).Get(ctx, "tessera-controller", metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, p.Name) {
+			last = fmt.Sprintf("pod %s runs; lease: %v %+v", p.Name, err, lease)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		steps.fail(step, "%s (%v)", last, err)
+	}
+}
+
+// checkDomainPod runs a pod on node with a GPU and a claim for a channel of
+// the NVLink domain the controller published for the node's clique, and
+// checks from inside its container that it sees exactly that channel's
+// IMEX device node and the domain's environment.
+func checkDomainPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+	t.Helper()
+	step := "a pod with an NVLink domain claim sees its IMEX channel"
+	t0 := time.Now()
+	waitDomains(ctx, t, c, map[string]int{poolA: 1})
+	client := c.Client()
+	if _, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "domain"), metav1.CreateOptions{}); err != nil {
+		steps.fail(step, "create the domain claim: %v", err)
+	}
+	pod := withClaim(busyboxPod(ns, "imex", node, `for f in /dev/nvidia-caps-imex-channels/*; do stat -c 'DEV %n %F %t %T' "$f"; done
+env | sed 's/^/ENV /'`), "gpu", "one-gpu")
+	pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, corev1.PodResourceClaim{Name: "domain", ResourceClaimName: ptr.To("domain")})
+	pod.Spec.Containers[0].Resources.Claims = append(pod.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: "domain"})
+	pod, out := steps.run(ctx, c, step, pod)
+	claim, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, "domain", metav1.GetOptions{})
+	if err != nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		steps.fail(step, "the domain claim: %v %+v", err, claim)
+	}
+	channel, err := domain.ParseDevice(claim.Status.Allocation.Devices.Results[0].Device)
+	if err != nil {
+		steps.fail(step, "the domain claim's device: %v", err)
+	}
+	got := parseProbe(out)
+	want := map[string]string{
+		fmt.Sprintf("/dev/nvidia-caps-imex-channels/channel%d", channel): fmt.Sprintf("character special file %x %x", fakenode.IMEXMajor, channel),
+	}
+	if !maps.Equal(got.devices, want) {
+		steps.fail(step, "IMEX channel nodes %v, want %v\noutput:\n%s", got.devices, want, out)
+	}
+	if got.env[gangv1.EnvDomain] != cliqueA || got.env[gangv1.EnvChannel] != strconv.Itoa(channel) {
+		steps.fail(step, "domain env %s=%q %s=%q, want %s and %d", gangv1.EnvDomain, got.env[gangv1.EnvDomain], gangv1.EnvChannel, got.env[gangv1.EnvChannel], cliqueA, channel)
+	}
+	c.deletePodsAndWait(ctx, t, pod)
+	if err := client.ResourceV1().ResourceClaims(ns).Delete(ctx, "domain", metav1.DeleteOptions{}); err != nil {
+		steps.fail(step, "delete the domain claim: %v", err)
+	}
+	waitNoCDISpecs(ctx, t, c.nodes[node])
+	t.Logf("%s: channel %d in %v", step, channel, time.Since(t0).Round(time.Millisecond))
+}
+
+// checkMPSPod runs a pod on node with a claim that shares a GPU through
+// MPS: the plugin starts the claim's MPS control daemon as a pod from
+// Tessera's image (the chart's default MPS image), which runs on the node
+// under runc with the fake driver's daemon before the client's container
+// starts; the client sees the pipe directory and its thread limit. Once
+// the client and its claim are gone, so is the daemon pod.
+func checkMPSPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+	t.Helper()
+	step := "an MPS client runs beside its claim's MPS daemon pod"
+	t0 := time.Now()
+	client := c.Client()
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "mps-gpu", Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "mps.gpu.tessera.dev"}}},
+			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: webhookOpaque(driverName,
+				`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":50}}}`)}},
+		}},
+	}
+	claim, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		steps.fail(step, "create the MPS claim: %v", err)
+	}
+	pod := busyboxPod(ns, "mps-client", node, `env | sed 's/^/ENV /'; [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && echo PIPE-DIR`)
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim.Name)}}
+	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	pod, out := steps.run(ctx, c, step, pod)
+	got := parseProbe(out)
+	if got.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "50" || !strings.Contains(out, "PIPE-DIR\n") {
+		steps.fail(step, "the MPS client lacks its pipe directory or its thread limit:\n%s", out)
+	}
+	daemon, err := client.CoreV1().Pods(helm.DefaultRelease.Namespace).Get(ctx, "tessera-mps-"+string(claim.UID), metav1.GetOptions{})
+	if err != nil {
+		steps.fail(step, "the claim's MPS daemon pod: %v", err)
+	}
+	if daemon.Spec.NodeName != node || daemon.Status.Phase != corev1.PodRunning || len(daemon.Status.ContainerStatuses) != 1 ||
+		daemon.Status.ContainerStatuses[0].State.Running == nil || daemon.Status.ContainerStatuses[0].Image != tesseraImage {
+		steps.fail(step, "MPS daemon pod %s on %q: %s %+v, want running %s on %s", daemon.Name, daemon.Spec.NodeName, daemon.Status.Phase, daemon.Status.ContainerStatuses, tesseraImage, node)
+	}
+	c.deletePodsAndWait(ctx, t, pod)
+	if err := client.ResourceV1().ResourceClaims(ns).Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil {
+		steps.fail(step, "delete the MPS claim: %v", err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(daemon.Namespace).Get(ctx, daemon.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		steps.fail(step, "the MPS daemon pod %s stays after its claim was unprepared: %v", daemon.Name, err)
+	}
+	waitNoCDISpecs(ctx, t, c.nodes[node])
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 }
 
 // waitForPluginPod waits until the DaemonSet's only pod on node, other than
@@ -204,6 +436,49 @@ func waitForPluginPod(ctx context.Context, steps realNodeSteps, client kubernete
 	return pod
 }
 
+// watchPluginOverlap watches the plugin pods on node from now on, and
+// returns a function that stops watching and says "" if at some moment the
+// pod with UID old ran (not terminating) while another plugin pod there
+// was ready, else what it saw: the chart's surge update in the pod network
+// starts the new plugin beside the old, which stops only once the new one
+// has registered.
+func watchPluginOverlap(ctx context.Context, t *testing.T, client kubernetes.Interface, ns, node string, old types.UID) func() string {
+	t.Helper()
+	w, err := client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: chartnode.PluginSelector, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatalf("watch the plugin pods on node %s: %v", node, err)
+	}
+	done := make(chan string, 1)
+	go func() {
+		oldRuns, newReady := true, map[types.UID]bool{}
+		var seen []string
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			ready := p.DeletionTimestamp == nil && slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+			})
+			seen = append(seen, fmt.Sprintf("%s %s ready=%t", ev.Type, p.Name, ready))
+			if p.UID == old {
+				oldRuns = ev.Type != "DELETED" && p.DeletionTimestamp == nil
+			} else {
+				newReady[p.UID] = ready && ev.Type != "DELETED"
+			}
+			if oldRuns && slices.Contains(slices.Collect(maps.Values(newReady)), true) {
+				done <- ""
+				return
+			}
+		}
+		done <- strings.Join(seen, "; ")
+	}()
+	return func() string {
+		w.Stop()
+		return <-done
+	}
+}
+
 // heldGPUPod runs a pod on node holding one GPU through a claim made from
 // template (a one-GPU template in ns) and returns it with its claim.
 func heldGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, step, ns, name, template, node string) (*corev1.Pod, *resourceapi.ResourceClaim) {
@@ -217,15 +492,15 @@ func heldGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps real
 }
 
 // checkUpgradeKeepsHeldGPUs upgrades the release to upgradeImage while a
-// pod holds a GPU and another a 1g.10gb partition: the DaemonSet replaces
-// the plugin pod (in the host network the old one stops first, see the
-// chart's update strategy), the held pods keep running with their claims'
-// CDI specs and checkpoint entries and the partition, a
-// pod created as the upgrade starts runs (the kubelet retries its prepare
-// until a plugin serves it), and the new plugin unprepares the claim the
-// old one prepared when its pod is deleted, destroying the partition the
-// old one created. It returns the new plugin pod.
-func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, release *helmrelease.Client, values map[string]any, old *corev1.Pod, ns, nodeName string) *corev1.Pod {
+// pod holds a GPU and another a partition of migProfile: the DaemonSet
+// starts the new plugin pod beside the old one, which stops only once the
+// new one is ready (registered); the held pods keep running with their
+// claims' CDI specs and checkpoint entries and the partition; a pod created
+// as the upgrade starts runs; the controller and webhook pods move to the
+// new image; and the new plugin unprepares the claim the old one prepared
+// when its pod is deleted, destroying the partition the old one created. It
+// returns the new plugin pod.
+func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, release *helmrelease.Client, values map[string]any, old *corev1.Pod, ns, nodeName, migProfile string) *corev1.Pod {
 	t.Helper()
 	n := c.nodes[nodeName]
 	client := c.Client()
@@ -234,8 +509,8 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 		steps.fail(step, "create claim template: %v", err)
 	}
 	held, claim := heldGPUPod(ctx, t, c, steps, step, ns, "held", "held-gpu", nodeName)
-	step = "a pod holds a 1g.10gb partition before the upgrade"
-	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, migTemplate(ns, "held-1g", "1g.10gb"), metav1.CreateOptions{}); err != nil {
+	step = "a pod holds a " + migProfile + " partition before the upgrade"
+	if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, migTemplate(ns, "held-1g", migProfile), metav1.CreateOptions{}); err != nil {
 		steps.fail(step, "create claim template: %v", err)
 	}
 	heldMIG := withClaim(busyboxPod(ns, "held-mig", nodeName, "ls /dev/nvidia-caps"), "mig", "held-1g")
@@ -245,8 +520,9 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 		steps.fail(step, "the node's GPUs hold instances %v, want the held partition's one", got)
 	}
 
-	step = "helm upgrade to a new image tag replaces the plugin pod"
+	step = "helm upgrade to a new image tag replaces the plugin pod, the new one ready beside the old"
 	t0 := time.Now()
+	overlap := watchPluginOverlap(ctx, t, client, helm.DefaultRelease.Namespace, nodeName, old.UID)
 	upgraded := maps.Clone(values)
 	upgraded["image"] = chartnode.ImageValues(upgradeImage)
 	if err := release.Upgrade(ctx, helm.DefaultRelease.Name, upgraded); err != nil {
@@ -261,6 +537,9 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	plugin := waitForPluginPod(ctx, steps, client, helm.DefaultRelease.Namespace, nodeName, upgradeImage, old.UID, step)
 	if _, err := os.Stat(filepath.Join(n.RegistrarDir(), driverName+"-"+string(plugin.UID)+"-reg.sock")); err != nil {
 		steps.fail(step, "no registration socket of the new plugin pod %s: %v", plugin.Name, err)
+	}
+	if seen := overlap(); seen != "" {
+		steps.fail(step, "the new plugin pod was never ready while the old one ran: %s", seen)
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
@@ -287,6 +566,12 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	step = "the pod created during the upgrade runs once the new plugin is up"
 	t0 = time.Now()
 	during, _ = steps.wait(ctx, c, step, during)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "the controller and the webhook run the new image too"
+	t0 = time.Now()
+	checkControllerPod(ctx, steps, c.Cluster, helm.DefaultRelease.Namespace, upgradeImage)
+	checkWebhookPod(ctx, steps, c.Cluster, helm.DefaultRelease.Namespace, ns)
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
 	step = "the new plugin unprepares the claim the old one prepared"
@@ -464,26 +749,34 @@ func bearerClient(t *testing.T, admin *rest.Config, token string) kubernetes.Int
 }
 
 // checkUninstalled checks what helm uninstall leaves on node: no plugin pod,
-// no registration socket, no ResourceSlice of the node (the kubelet deletes
-// them once the plugin has been gone for its grace period), no CDI spec of
+// no MPS daemon pod, no registration socket, no ResourceSlice of the driver (the kubelet
+// deletes the node's once the plugin has been gone for its grace period;
+// the controller's domain pools go with the chart too), no CDI spec of
 // Tessera's, and a checkpoint that holds no claim.
 func checkUninstalled(ctx context.Context, steps realNodeSteps, step string, c *cluster.Cluster, node *cluster.Node, nodeName string) {
 	steps.t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		// A call cut short by the end of the wait keeps the last answer.
 		pods, err := c.Client().CoreV1().Pods(helm.DefaultRelease.Namespace).List(ctx, metav1.ListOptions{LabelSelector: chartnode.PluginSelector})
 		if err != nil {
-			last = err.Error()
 			return false, nil
 		}
-		published, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeName})
+		published, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + driverName})
 		if err != nil {
-			last = err.Error()
+			return false, nil
+		}
+		var pools []string
+		for _, s := range published.Items {
+			pools = append(pools, s.Spec.Pool.Name)
+		}
+		daemons, err := c.Client().CoreV1().Pods(helm.DefaultRelease.Namespace).List(ctx, metav1.ListOptions{LabelSelector: mps.LabelApp + "=" + mps.AppName})
+		if err != nil {
 			return false, nil
 		}
 		sockets, _ := filepath.Glob(filepath.Join(node.RegistrarDir(), driverName+"-*"))
-		last = fmt.Sprintf("%d plugin pods, %d slices of node %s, registration sockets %v", len(pods.Items), len(published.Items), nodeName, sockets)
-		return len(pods.Items) == 0 && len(published.Items) == 0 && len(sockets) == 0, nil
+		last = fmt.Sprintf("%d plugin pods, %d MPS daemon pods, slices of pools %v, registration sockets %v", len(pods.Items), len(daemons.Items), pools, sockets)
+		return len(pods.Items) == 0 && len(daemons.Items) == 0 && len(published.Items) == 0 && len(sockets) == 0, nil
 	})
 	if err != nil {
 		steps.fail(step, "after helm uninstall: %s (%v)", last, err)

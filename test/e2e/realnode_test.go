@@ -369,9 +369,9 @@ func migMinors(t *testing.T, hostRoot string) map[int]string {
 	return out
 }
 
-// checkMIGPod runs a pod with a claim for one 1g.10gb partition in
-// namespace ns on node, a real-runtime node with Tessera's plugin simulating
-// an H100 node, and checks from inside its container that it sees its
+// checkMIGPod runs a pod with a claim for one partition of MIG profile in
+// namespace ns on node, a real-runtime node with Tessera's plugin, and
+// checks from inside its container that it sees its
 // parent GPU's device node, the driver's control devices and exactly the
 // two MIG capability nodes of its partition (the GPU instance's and the
 // compute instance's access, as the node's mig-minors numbers them, of one
@@ -379,12 +379,12 @@ func migMinors(t *testing.T, hostRoot string) map[int]string {
 // UUID in NVIDIA_VISIBLE_DEVICES, and the devices cgroup: it can open its
 // capability nodes but not the monitor capability. Then it deletes the pod
 // and waits until its claim is unprepared.
-func checkMIGPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
+func checkMIGPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node, profile string) {
 	t.Helper()
 	n := c.nodes[node]
 	step := "MIG pod sees its parent GPU and its partition's capability nodes, and only those"
 	t0 := time.Now()
-	template := migTemplate(ns, "one-1g", "1g.10gb")
+	template := migTemplate(ns, "one-1g", profile)
 	if _, err := c.Client().ResourceV1().ResourceClaimTemplates(ns).Create(ctx, template, metav1.CreateOptions{}); err != nil {
 		steps.fail(step, "create claim template: %v", err)
 	}
