@@ -13,13 +13,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -150,7 +153,8 @@ func domainClassOwner(ctx context.Context, client kubernetes.Interface) (*resour
 // runLeading publishes the domains and places gangs until ctx ends or the
 // gang controller stops on its own.
 func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn dynamic.Interface, metrics *gang.Metrics) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(context.Canceled) }
 	factory := informers.NewSharedInformerFactory(client, 0)
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	// Shutdown waits for the informers, which stop with ctx: cancel first
@@ -160,6 +164,9 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	defer cancel()
 	owner, err := domainClassOwner(ctx, client)
 	if err != nil {
+		return err
+	}
+	if err := watchDomainClass(ctx, client, owner.UID, cancelCause); err != nil {
 		return err
 	}
 	if _, err := domains.Start(ctx, client, factory, domains.Options{Driver: slices.DriverName, TopologyKey: o.TopologyKey, Channels: o.Channels, Owner: owner}); err != nil {
@@ -185,5 +192,61 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	}
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
-	return gc.Run(ctx)
+	err = gc.Run(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, errDomainClassReplaced) {
+		return cause
+	}
+	return err
+}
+
+// errDomainClassReplaced ends the controller's leading when the DeviceClass
+// that owns the domain pools is deleted or replaced.
+var errDomainClassReplaced = errors.New("the domain DeviceClass was deleted or replaced")
+
+// watchDomainClass calls stop once the domain DeviceClass with UID uid is
+// deleted or replaced by another of the same name. The domain pools'
+// slices name that UID as their owner: the garbage collector deletes them
+// with it, and slices published again under the stale UID would be deleted
+// again, over and over. The controller then exits, and its restart
+// publishes the pools under the class as it is then.
+func watchDomainClass(ctx context.Context, client kubernetes.Interface, uid types.UID, stop context.CancelCauseFunc) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = "metadata.name=" + gangv1.DomainClass
+	}))
+	check := func(obj any, deleted bool) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj, deleted = d.Obj, true
+		}
+		c, ok := obj.(*resourceapi.DeviceClass)
+		if !ok || c.Name != gangv1.DomainClass || (!deleted && c.UID == uid) {
+			return
+		}
+		what := "deleted"
+		if !deleted {
+			what = "replaced by uid " + string(c.UID)
+		}
+		klog.FromContext(ctx).Info("The domain DeviceClass that owns the domain pools is gone; stopping to publish them under the class as it is now",
+			"deviceClass", gangv1.DomainClass, "uid", uid, "change", what)
+		stop(fmt.Errorf("%w: %s (uid %s) was %s; the controller restarts to publish the domain pools under the class as it is now", errDomainClassReplaced, gangv1.DomainClass, uid, what))
+	}
+	informer := factory.Resource().V1().DeviceClasses().Informer()
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { check(obj, false) },
+		UpdateFunc: func(_, obj any) { check(obj, false) },
+		DeleteFunc: func(obj any) { check(obj, true) },
+	}); err != nil {
+		return fmt.Errorf("watch DeviceClass %s: %w", gangv1.DomainClass, err)
+	}
+	factory.Start(ctx.Done())
+	go func() {
+		// A class deleted before the watch's first list never shows up.
+		if cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+			if _, exists, _ := informer.GetStore().GetByKey(gangv1.DomainClass); !exists {
+				check(&resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: gangv1.DomainClass}}, true)
+			}
+		}
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+	return nil
 }
