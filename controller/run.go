@@ -130,6 +130,7 @@ func (o Options) restConfig() (*rest.Config, error) {
 func domainClassOwner(ctx context.Context, client kubernetes.Interface) (*resourceslice.Owner, error) {
 	logger := klog.FromContext(ctx)
 	var owner *resourceslice.Owner
+	waited := false
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + gangv1.DomainClass})
 		switch {
@@ -137,8 +138,16 @@ func domainClassOwner(ctx context.Context, client kubernetes.Interface) (*resour
 			logger.Error(err, "Listing the domain DeviceClass failed; retrying", "deviceClass", gangv1.DomainClass)
 			return false, nil
 		case len(list.Items) == 0:
-			logger.Info("Waiting for the domain DeviceClass, which owns the domain pools (install Tessera's DeviceClasses)", "deviceClass", gangv1.DomainClass)
+			// Said once: until the class exists no domain is published and
+			// no gang placed.
+			if !waited {
+				logger.Info("Waiting for the domain DeviceClass, which owns the domain pools; no gang is placed until it exists (install Tessera's DeviceClasses)", "deviceClass", gangv1.DomainClass)
+			}
+			waited = true
 			return false, nil
+		}
+		if waited {
+			logger.Info("The domain DeviceClass exists", "deviceClass", gangv1.DomainClass)
 		}
 		c := list.Items[0]
 		owner = &resourceslice.Owner{APIVersion: "resource.k8s.io/v1", Kind: "DeviceClass", Name: c.Name, UID: c.UID}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -94,7 +95,9 @@ func Start(ctx context.Context, client kubernetes.Interface, factory informers.S
 // adopt makes owner the owner of every domain slice of driver that it does
 // not own yet (the slices an earlier version published without one, or with
 // an owner since replaced), in place of any earlier reference of owner's
-// kind and name.
+// kind and name. A slice it cannot change (after retries on conflicts) is
+// logged and left: it only stays after an uninstall, and failing here would
+// stop the controller from placing any gang.
 func adopt(ctx context.Context, client kubernetes.Interface, driver string, owner resourceslice.Owner) error {
 	logger := klog.FromContext(ctx)
 	list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
@@ -105,24 +108,56 @@ func adopt(ctx context.Context, client kubernetes.Interface, driver string, owne
 	}
 	for i := range list.Items {
 		slice := &list.Items[i]
-		if _, _, ok := domain.ParsePool(slice.Spec.Pool.Name); !ok || slice.Spec.Driver != driver || ptr.Deref(slice.Spec.NodeName, "") != "" {
+		if !isDomainSlice(slice, driver) || !setOwner(slice.DeepCopy(), owner) {
 			continue
 		}
-		refs := slices.DeleteFunc(slices.Clone(slice.OwnerReferences), func(r metav1.OwnerReference) bool {
-			return r.APIVersion == owner.APIVersion && r.Kind == owner.Kind && r.Name == owner.Name
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if !setOwner(slice, owner) {
+				return nil
+			}
+			_, err := client.ResourceV1().ResourceSlices().Update(ctx, slice, metav1.UpdateOptions{})
+			if apierrors.IsConflict(err) {
+				current, getErr := client.ResourceV1().ResourceSlices().Get(ctx, slice.Name, metav1.GetOptions{})
+				if getErr != nil {
+					return getErr
+				}
+				*slice = *current
+			}
+			return err
 		})
-		if len(refs)+1 == len(slice.OwnerReferences) && slices.ContainsFunc(slice.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == owner.UID }) {
-			continue
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			logger.Error(err, "Giving a domain slice its owner failed; it stays after an uninstall unless deleted by hand", "slice", klog.KObj(slice), "owner", owner.Kind+"/"+owner.Name)
+		default:
+			logger.Info("Adopted a domain slice", "slice", klog.KObj(slice), "pool", slice.Spec.Pool.Name, "owner", owner.Kind+"/"+owner.Name)
 		}
-		slice.OwnerReferences = append(refs, metav1.OwnerReference{
-			APIVersion: owner.APIVersion, Kind: owner.Kind, Name: owner.Name, UID: owner.UID, Controller: ptr.To(true),
-		})
-		if _, err := client.ResourceV1().ResourceSlices().Update(ctx, slice, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("give domain slice %s its owner %s %s: %w", slice.Name, owner.Kind, owner.Name, err)
-		}
-		logger.Info("Adopted a domain slice", "slice", klog.KObj(slice), "pool", slice.Spec.Pool.Name, "owner", owner.Kind+"/"+owner.Name)
 	}
 	return nil
+}
+
+// isDomainSlice says whether slice is one of driver's domain pools'.
+func isDomainSlice(slice *resourceapi.ResourceSlice, driver string) bool {
+	_, _, ok := domain.ParsePool(slice.Spec.Pool.Name)
+	return ok && slice.Spec.Driver == driver && ptr.Deref(slice.Spec.NodeName, "") == ""
+}
+
+// setOwner makes owner the slice's only owner of its kind and name, keeping
+// other references; it is the slice's controller unless another reference
+// is already. It reports whether the slice changed.
+func setOwner(slice *resourceapi.ResourceSlice, owner resourceslice.Owner) bool {
+	same := func(r metav1.OwnerReference) bool {
+		return r.APIVersion == owner.APIVersion && r.Kind == owner.Kind && r.Name == owner.Name
+	}
+	refs := slices.DeleteFunc(slices.Clone(slice.OwnerReferences), same)
+	if len(refs)+1 == len(slice.OwnerReferences) && slices.ContainsFunc(slice.OwnerReferences, func(r metav1.OwnerReference) bool { return same(r) && r.UID == owner.UID }) {
+		return false
+	}
+	controller := !slices.ContainsFunc(refs, func(r metav1.OwnerReference) bool { return ptr.Deref(r.Controller, false) })
+	slice.OwnerReferences = append(refs, metav1.OwnerReference{
+		APIVersion: owner.APIVersion, Kind: owner.Kind, Name: owner.Name, UID: owner.UID, Controller: ptr.To(controller),
+	})
+	return true
 }
 
 func (p *Publisher) changed() {
