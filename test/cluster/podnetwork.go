@@ -9,7 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,8 +31,9 @@ import (
 // The API server listens on 127.0.0.1 only, and the cluster runs no Service
 // proxy, so pods in the pod network reach the API server through a relay on
 // 10.244.K.1 at the API server's port (PodAPIServer): it carries bytes to
-// 127.0.0.1 and nothing else; TLS ends at the API server, whose certificate
-// names 10.244.K.1.
+// 127.0.0.1 and nothing else, for connections from the pod subnet only;
+// TLS ends at the API server, whose certificate names 10.244.K.1. Pods
+// also reach whatever else the host serves on all its addresses.
 type podNetwork struct {
 	bridge  string
 	subnet  *net.IPNet
@@ -46,9 +47,9 @@ type podNetwork struct {
 }
 
 // podNetworkLock serialises the choice of subnets between clusters on this
-// machine: each picks a subnet no interface has and puts it on its bridge
-// while holding it.
-var podNetworkLock = filepath.Join(os.TempDir(), "tessera-pod-networks.lock")
+// machine (whatever their TMPDIR): each picks a subnet that no address or
+// route of the machine overlaps and puts it on its bridge while holding it.
+const podNetworkLock = "/run/tessera-pod-networks.lock"
 
 // maxRealNodes is how many real-runtime nodes share a pod network: each
 // hands out 30 addresses (nodeRange).
@@ -80,7 +81,7 @@ func newPodNetwork(dir string) (*podNetwork, error) {
 		break
 	}
 	if p.subnet == nil {
-		return nil, errors.New("every subnet of 10.244.0.0/16 is on an interface of this machine: delete the tsr* bridges that stopped clusters left behind")
+		return nil, errors.New("an address or route of this machine overlaps every /24 of 10.244.0.0/16: delete the tsr* bridges that stopped clusters left behind (ip link delete tsr...)")
 	}
 	for _, args := range [][]string{
 		{"link", "add", "name", p.bridge, "type", "bridge"},
@@ -95,27 +96,56 @@ func newPodNetwork(dir string) (*podNetwork, error) {
 	return p, nil
 }
 
-// takenSubnets returns which 10.244.K.0/24 some interface's address is in.
+// takenSubnets returns which 10.244.K.0/24 overlap a network of this
+// machine: an interface's (with its prefix length) or a route's
+// destination, the default route aside.
 func takenSubnets() (map[int]bool, error) {
+	var used []*net.IPNet
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, fmt.Errorf("list this machine's addresses: %w", err)
 	}
-	taken := map[int]bool{}
 	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			used = append(used, &net.IPNet{IP: n.IP.Mask(n.Mask), Mask: n.Mask})
+		}
+	}
+	out, err := exec.Command("ip", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return nil, fmt.Errorf("list this machine's routes: ip -4 route show table all: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && slices.Contains([]string{"unicast", "local", "broadcast", "multicast", "anycast", "blackhole", "unreachable", "prohibit", "throw"}, f[0]) {
+			f = f[1:]
+		}
+		if len(f) == 0 || f[0] == "default" {
 			continue
 		}
-		if ip := n.IP.To4(); ip != nil && ip[0] == 10 && ip[1] == 244 {
-			taken[int(ip[2])] = true
+		dst := f[0]
+		if !strings.Contains(dst, "/") {
+			dst += "/32"
+		}
+		if _, n, err := net.ParseCIDR(dst); err == nil {
+			used = append(used, n)
+		}
+	}
+	taken := map[int]bool{}
+	for k := range 256 {
+		candidate := &net.IPNet{IP: net.IPv4(10, 244, byte(k), 0).To4(), Mask: net.CIDRMask(24, 32)}
+		for _, n := range used {
+			if n.Contains(candidate.IP) || candidate.Contains(n.IP) {
+				taken[k] = true
+				break
+			}
 		}
 	}
 	return taken, nil
 }
 
 // nodeRange is the part of the subnet the i-th real-runtime node's pods get
-// their addresses from.
+// their addresses from: 30 (29 for the eighth node, short of the broadcast
+// address).
 func (p *podNetwork) nodeRange(i int) (first, last net.IP) {
 	base := p.subnet.IP.To4()
 	first = net.IPv4(base[0], base[1], base[2], byte(32*i+2)).To4()
@@ -139,6 +169,13 @@ func (p *podNetwork) startRelay(ctx context.Context, port int) error {
 			in, err := l.Accept()
 			if err != nil {
 				return
+			}
+			// Pods only: the host's weak address model would otherwise let
+			// any machine that routes the subnet here reach the API server.
+			if from, ok := in.RemoteAddr().(*net.TCPAddr); !ok || !p.subnet.Contains(from.IP) {
+				logger.Info("Refused a connection to the API server's relay from outside the pod network", "from", in.RemoteAddr())
+				_ = in.Close()
+				continue
 			}
 			out, err := net.Dial("tcp", target)
 			if err != nil {
