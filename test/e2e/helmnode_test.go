@@ -190,6 +190,7 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	if err := c.CreateNamespace(ctx, "workloads"); err != nil {
 		t.Fatal(err)
 	}
+	waitForComponentPod(ctx, steps, c, ns, "webhook", tesseraImage)
 	checkWebhookPod(ctx, steps, c, ns, "workloads")
 	checkControllerPod(ctx, steps, c, ns, tesseraImage)
 	checkGPUPod(ctx, t, tc, steps, "workloads", nodeName, true)
@@ -297,22 +298,13 @@ func checkControllerPod(ctx context.Context, steps realNodeSteps, c *cluster.Clu
 	step := "the controller runs from " + image + " and leads"
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controller"})
-		if err != nil {
-			last = err.Error()
+		var p *corev1.Pod
+		if p, last = componentPod(ctx, c, ns, "controller", image); p == nil {
 			return false, nil
 		}
-		if len(pods.Items) != 1 {
-			last = fmt.Sprintf("%d controller pods", len(pods.Items))
-			return false, nil
-		}
-		p := pods.Items[0]
-		if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].Image != image || !p.Status.ContainerStatuses[0].Ready {
-			last = fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
-			return false, nil
-		}
+		// The identity is the pod's host name (its name), "_", a UUID.
 		lease, err := c.Client().CoordinationV1().Leases(ns).Get(ctx, "tessera-controller", metav1.GetOptions{})
-		if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, p.Name) {
+		if err != nil || lease.Spec.HolderIdentity == nil || !strings.HasPrefix(*lease.Spec.HolderIdentity, p.Name+"_") {
 			last = fmt.Sprintf("pod %s runs; lease: %v %+v", p.Name, err, lease)
 			return false, nil
 		}
@@ -321,6 +313,39 @@ func checkControllerPod(ctx context.Context, steps realNodeSteps, c *cluster.Clu
 	if err != nil {
 		steps.fail(step, "%s (%v)", last, err)
 	}
+}
+
+// waitForComponentPod waits until the chart's component (controller,
+// webhook) runs as one ready pod from image, and only that one.
+func waitForComponentPod(ctx context.Context, steps realNodeSteps, c *cluster.Cluster, ns, component, image string) {
+	steps.t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var p *corev1.Pod
+		p, last = componentPod(ctx, c, ns, component, image)
+		return p != nil, nil
+	})
+	if err != nil {
+		steps.fail("the "+component+" runs from "+image, "%s (%v)", last, err)
+	}
+}
+
+// componentPod returns the chart's component pod in ns if it is the only
+// one, runs image and is ready; otherwise nil and what it found instead.
+func componentPod(ctx context.Context, c *cluster.Cluster, ns, component, image string) (*corev1.Pod, string) {
+	pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
+	switch {
+	case err != nil:
+		return nil, err.Error()
+	case len(pods.Items) != 1:
+		return nil, fmt.Sprintf("%d %s pods", len(pods.Items), component)
+	}
+	p := &pods.Items[0]
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 ||
+		p.Status.ContainerStatuses[0].Image != image || !p.Status.ContainerStatuses[0].Ready {
+		return nil, fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+	}
+	return p, ""
 }
 
 // checkDomainPod runs a pod on node with a GPU and a claim for a channel of
@@ -571,6 +596,7 @@ func checkUpgradeKeepsHeldGPUs(ctx context.Context, t *testing.T, c *tesseraClus
 	step = "the controller and the webhook run the new image too"
 	t0 = time.Now()
 	checkControllerPod(ctx, steps, c.Cluster, helm.DefaultRelease.Namespace, upgradeImage)
+	waitForComponentPod(ctx, steps, c.Cluster, helm.DefaultRelease.Namespace, "webhook", upgradeImage)
 	checkWebhookPod(ctx, steps, c.Cluster, helm.DefaultRelease.Namespace, ns)
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
