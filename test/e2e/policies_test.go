@@ -331,7 +331,14 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	if err := update(release(member("member-0"))); err != nil {
 		t.Errorf("%s: the controller cannot release a gang member as controller/gang does: %v", combo, err)
 	}
-	p := release(member("member-1", "example.com/other"))
+	p := release(member("member-5"))
+	p.Annotations[gangv1.AnnotationRole] = "workers"
+	p.Annotations[gangv1.AnnotationRoleRank] = "0"
+	p.Annotations[gangv1.AnnotationRoleSize] = "1"
+	if err := update(p); err != nil {
+		t.Errorf("%s: the controller cannot release a member of a gang with roles as controller/gang does: %v", combo, err)
+	}
+	p = release(member("member-1", "example.com/other"))
 	p.Spec.SchedulingGates = nil
 	expectRefusal(t, combo+": the controller removes another gate", update(p), "no other gate")
 	p = release(member("member-2"))
@@ -438,7 +445,9 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	_, err = claims.Update(ctx, labelled, metav1.UpdateOptions{})
 	expectRefusal(t, combo+": the controller labels a claim", err, "may only annotate a claim with its gang")
 	annotated := claim.DeepCopy()
-	annotated.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationSize: "1", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0"}
+	// A member of a gang with roles carries its role too.
+	annotated.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationSize: "1", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0",
+		gangv1.AnnotationRole: "workers", gangv1.AnnotationRoleRank: "0", gangv1.AnnotationRoleSize: "1"}
 	annotated.Finalizers = append(annotated.Finalizers, "resource.kubernetes.io/delete-protection")
 	if annotated, err = claims.Update(ctx, annotated, metav1.UpdateOptions{}); err != nil {
 		t.Errorf("%s: the controller cannot annotate a claim with its gang as controller/gang does: %v", combo, err)
