@@ -8,6 +8,7 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -244,8 +246,10 @@ func checkConfig(t *testing.T, where string, c *resourceapi.OpaqueDeviceConfigur
 }
 
 // TestGangExamplesHoldTogether checks what a gang example needs to start at
-// all: a valid Gang whose selector picks its Job's pods, as many as the Job
-// runs at once, each gated and sharing the gang's domain claim.
+// all: a valid Gang whose selector (or, with roles, each role's) picks a
+// Job's pods, as many as the Job runs at once, each gated and, if the gang
+// has a domain claim, sharing it. With roles, every role's pods are also
+// the gang's.
 func TestGangExamplesHoldTogether(t *testing.T) {
 	found := 0
 	for file, objs := range objects(t) {
@@ -268,35 +272,57 @@ func TestGangExamplesHoldTogether(t *testing.T) {
 				t.Errorf("%s: gang %s: %v", file, g.Name, err)
 				continue
 			}
-			job := jobs[g.Spec.Selector.MatchLabels[batchv1.JobNameLabel]]
-			if job == nil || len(g.Spec.Selector.MatchLabels) != 1 || len(g.Spec.Selector.MatchExpressions) != 0 {
-				t.Errorf("%s: gang %s selects %v, want exactly the pods of a Job in the file (%s=<job>)", file, g.Name, g.Spec.Selector, batchv1.JobNameLabel)
-				continue
+			groups := []gangv1.Role{{Name: g.Name, Size: g.Spec.Size, Selector: g.Spec.Selector}}
+			if len(g.Spec.Roles) > 0 {
+				groups = g.Spec.Roles
 			}
-			if job.Spec.Parallelism == nil || *job.Spec.Parallelism != g.Spec.Size || job.Spec.Completions == nil || *job.Spec.Completions != g.Spec.Size ||
-				job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
-				t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (the gang's size)", file, job.Name, g.Spec.Size)
+			if g.Spec.DomainClaimName != "" {
+				dc := claims[g.Spec.DomainClaimName]
+				if dc == nil || len(dc.Spec.Devices.Requests) != 1 || dc.Spec.Devices.Requests[0].Exactly == nil || dc.Spec.Devices.Requests[0].Exactly.DeviceClassName != "domain.gpu.tessera.dev" {
+					t.Errorf("%s: gang %s's domain claim %q is not a claim of domain.gpu.tessera.dev in the file", file, g.Name, g.Spec.DomainClaimName)
+				}
 			}
-			if !ignoresEvictions(job.Spec.PodFailurePolicy) {
-				t.Errorf("%s: Job %s must ignore DisruptionTarget failures (podFailurePolicy): the controller evicts the members of a gang that lost one", file, job.Name)
-			}
-			pod := job.Spec.Template.Spec
-			if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
-				t.Errorf("%s: Job %s's pods lack the scheduling gate %s: the scheduler would place them one by one", file, job.Name, gangv1.SchedulingGate)
-			}
-			dc := claims[g.Spec.DomainClaimName]
-			if dc == nil || len(dc.Spec.Devices.Requests) != 1 || dc.Spec.Devices.Requests[0].Exactly == nil || dc.Spec.Devices.Requests[0].Exactly.DeviceClassName != "domain.gpu.tessera.dev" {
-				t.Errorf("%s: gang %s's domain claim %q is not a claim of domain.gpu.tessera.dev in the file", file, g.Name, g.Spec.DomainClaimName)
-			}
-			if !slices.ContainsFunc(pod.ResourceClaims, func(rc corev1.PodResourceClaim) bool {
-				return rc.ResourceClaimName != nil && *rc.ResourceClaimName == g.Spec.DomainClaimName
-			}) {
-				t.Errorf("%s: Job %s's pods do not share the domain claim %s", file, job.Name, g.Spec.DomainClaimName)
+			for _, group := range groups {
+				job := jobs[group.Selector.MatchLabels[batchv1.JobNameLabel]]
+				if job == nil || len(group.Selector.MatchLabels) != 1 || len(group.Selector.MatchExpressions) != 0 {
+					t.Errorf("%s: gang %s (%s) selects %v, want exactly the pods of a Job in the file (%s=<job>)", file, g.Name, group.Name, group.Selector, batchv1.JobNameLabel)
+					continue
+				}
+				checkGangJob(t, file, g, job, group.Size)
 			}
 		}
 	}
-	if found < 2 {
-		t.Errorf("found %d gang examples, want the NVLink and the rack one", found)
+	if found < 4 {
+		t.Errorf("found %d gang examples, want the NVLink, rack, spread and launcher-workers ones", found)
+	}
+}
+
+// checkGangJob checks one Job of gang g that runs size of its members.
+func checkGangJob(t *testing.T, file string, g *gangv1.Gang, job *batchv1.Job, size int32) {
+	t.Helper()
+	if job.Spec.Parallelism == nil || *job.Spec.Parallelism != size || job.Spec.Completions == nil || *job.Spec.Completions != size ||
+		job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
+		t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (its members)", file, job.Name, size)
+	}
+	if !ignoresEvictions(job.Spec.PodFailurePolicy) {
+		t.Errorf("%s: Job %s must ignore DisruptionTarget failures (podFailurePolicy): the controller evicts the members of a gang that lost one", file, job.Name)
+	}
+	pod := job.Spec.Template.Spec
+	if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
+		t.Errorf("%s: Job %s's pods lack the scheduling gate %s: the scheduler would place them one by one", file, job.Name, gangv1.SchedulingGate)
+	}
+	podLabels := labels.Set(maps.Clone(job.Spec.Template.Labels))
+	if podLabels == nil {
+		podLabels = labels.Set{}
+	}
+	podLabels[batchv1.JobNameLabel] = job.Name
+	if sel, err := metav1.LabelSelectorAsSelector(&g.Spec.Selector); err != nil || !sel.Matches(podLabels) {
+		t.Errorf("%s: gang %s's selector %v does not pick Job %s's pods (labels %v): %v", file, g.Name, g.Spec.Selector, job.Name, podLabels, err)
+	}
+	if g.Spec.DomainClaimName != "" && !slices.ContainsFunc(pod.ResourceClaims, func(rc corev1.PodResourceClaim) bool {
+		return rc.ResourceClaimName != nil && *rc.ResourceClaimName == g.Spec.DomainClaimName
+	}) {
+		t.Errorf("%s: Job %s's pods do not share the domain claim %s", file, job.Name, g.Spec.DomainClaimName)
 	}
 }
 

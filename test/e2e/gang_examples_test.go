@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -28,7 +29,11 @@ const rackLabel = "topology.kubernetes.io/rack"
 // trays, with an IMEX channel; the rack Job (two workers of eight GPUs) only
 // in rack-2. Both start whole, each worker with its rank. Then the NVLink Job
 // runs again, declared with the PodGroup API (deployments/examples/podgroup),
-// and its gang and group claim go with the PodGroup.
+// and its gang and group claim go with the PodGroup. Then the policy
+// examples, while the rack Job fills rack-2: the spread Job runs one worker
+// on each tray (packed, both would share one), and the launcher-workers
+// gang runs in the clique with ranks by role (launcher 0, workers 1 and 2)
+// and each container's role env.
 func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	const clique = "5d1c9a40-77e2-4c61-8f0e-2b9d3a6c4e10.7"
 	c := startTessera(t,
@@ -61,12 +66,12 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 
 	dir := filepath.Join(examplesDir, gangExamples)
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) != 2 {
-		t.Fatalf("gang examples %v (%v), want the NVLink and the rack Job", files, err)
+	names := []string{"launcher-workers-job.yaml", "nvlink-training-job.yaml", "rack-training-job.yaml", "spread-training-job.yaml"}
+	if err != nil || !slices.Equal(files, prefixed(dir, names)) {
+		t.Fatalf("gang examples %v (%v), want %v: a new example needs its check here", files, err, names)
 	}
-	for _, f := range files {
-		applyFile(ctx, t, c, f)
-	}
+	applyFile(ctx, t, c, filepath.Join(dir, "nvlink-training-job.yaml"))
+	applyFile(ctx, t, c, filepath.Join(dir, "rack-training-job.yaml"))
 
 	gs := newGangs(t, c.Cluster)
 	type example struct {
@@ -154,4 +159,52 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	if err != nil {
 		t.Errorf("gang and group claim of the deleted PodGroup not gone: %v", err)
 	}
+
+	// The policy examples, while rack-train fills both DGX nodes: the
+	// spread Job on one GPU of each tray, where packed it would share one;
+	// then the launcher and its workers together in the clique, ranked by
+	// role.
+	applyFile(ctx, t, c, filepath.Join(dir, "spread-training-job.yaml"))
+	pods := c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=spread-train", 2, 3*time.Minute)
+	g = gs.waitCondition(ctx, t, metav1.NamespaceDefault, "spread-train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	hosts := []string{pods[0].Spec.NodeName, pods[1].Spec.NodeName}
+	slices.Sort(hosts)
+	if !slices.Equal(hosts, []string{"tray-1", "tray-2"}) || !slices.Equal(g.Status.Nodes, hosts) {
+		t.Errorf("spread gang: workers on %v, gang status nodes %v; want one on each tray", hosts, g.Status.Nodes)
+	}
+	t.Logf("example gang spread-train runs on %v", hosts)
+
+	applyFile(ctx, t, c, filepath.Join(dir, "launcher-workers-job.yaml"))
+	pods = c.waitAllRunning(ctx, t, metav1.NamespaceDefault, "app=lw-train", 3, 3*time.Minute)
+	g = gs.waitCondition(ctx, t, metav1.NamespaceDefault, "lw-train", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	if dc := getClaim(ctx, t, c, metav1.NamespaceDefault, "lw-domain"); len(dc.Status.Allocation.Devices.Results) != 1 || dc.Status.Allocation.Devices.Results[0].Pool != nvlinkPool {
+		t.Errorf("launcher-workers gang: domain claim allocated %+v, want a channel of %s", dc.Status.Allocation.Devices.Results, nvlinkPool)
+	}
+	got := map[string]string{} // rank -> role/role rank/role size
+	for _, p := range pods {
+		var env map[string]string
+		for _, rc := range c.Node(p.Spec.NodeName).Containers() {
+			if rc.PodUID == string(p.UID) && rc.Name == "worker" {
+				env = rc.EnvMap()
+			}
+		}
+		role := p.Labels[batchv1.JobNameLabel]
+		got[env[gangv1.EnvGangRank]] = fmt.Sprintf("%s/%s/%s", env[gangv1.EnvRole], env[gangv1.EnvRoleRank], env[gangv1.EnvRoleSize])
+		if !slices.Contains([]string{"tray-1", "tray-2"}, p.Spec.NodeName) || (role == "lw-launcher") != (env[gangv1.EnvRole] == "launcher") {
+			t.Errorf("launcher-workers gang: pod %s of Job %s on %s sees role %q", p.Name, role, p.Spec.NodeName, env[gangv1.EnvRole])
+		}
+	}
+	if want := map[string]string{"0": "launcher/0/1", "1": "workers/0/2", "2": "workers/1/2"}; !maps.Equal(got, want) {
+		t.Errorf("launcher-workers gang: rank -> role/role rank/role size %v, want %v", got, want)
+	}
+	t.Logf("example gang lw-train runs on %v in %s", g.Status.Nodes, g.Status.Domain)
+}
+
+// prefixed joins dir to each of names.
+func prefixed(dir string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = filepath.Join(dir, n)
+	}
+	return out
 }
