@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -335,5 +336,77 @@ func TestDeviceHealthGateOffReportsNotSupported(t *testing.T) {
 	_, errc := h.watchHealth(h.ctx)
 	if err := <-errc; !errors.Is(err, kubeletplugin.ErrHealthNotSupported) {
 		t.Errorf("WatchHealthStatus: %v, want ErrHealthNotSupported", err)
+	}
+}
+
+// TestAHealthChangeRewritesEverySliceItsGPUSpans pins what one GPU's health
+// change costs in API writes (docs/performance.md, "Publishing at scale").
+// The upstream ResourceSlice controller keeps a pool's generation only when
+// at most one of its slices changes; otherwise it bumps the generation and
+// rewrites every slice. On whole-GPU nodes a GPU is one device in one slice:
+// one write. With dynamic MIG the device order (inventory.Pack: whole GPUs
+// first, then each profile across GPUs) spreads every GPU's devices over
+// several slices, so a taint on one GPU rewrites all of the node's slices.
+func TestAHealthChangeRewritesEverySliceItsGPUSpans(t *testing.T) {
+	for _, tc := range []struct {
+		profile      string
+		devices      int
+		spanned      int // slices holding a device of GPU 1
+		wantRewrites int
+	}{
+		{profile: "pcie-l4x4", devices: 4, spanned: 1, wantRewrites: 1},
+		{profile: "dgx-h100", devices: 208, spanned: 3, wantRewrites: 5},
+	} {
+		t.Run(tc.profile, func(t *testing.T) {
+			h := startHealth(t, tc.profile)
+			published := h.awaitSlices("initial slices", func(m map[string][]string) bool { return len(m) == tc.devices })
+			h.awaitSliceController()
+			writes := func() int {
+				n := 0
+				for _, a := range h.client.Actions() {
+					if a.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "delete"}, a.GetVerb()) {
+						n++
+					}
+				}
+				return n
+			}
+			before := writes()
+			// Every device of GPU 1: the whole GPU and, with dynamic MIG,
+			// its partitions (named gpu-1-mig-...).
+			ofGPU1 := func(name string) bool { return name == "gpu-1" || strings.HasPrefix(name, "gpu-1-") }
+			spanned := 0
+			for _, s := range published {
+				if slices.ContainsFunc(s.Spec.Devices, func(d resourceapi.Device) bool { return ofGPU1(d.Name) }) {
+					spanned++
+				}
+			}
+			if spanned != tc.spanned {
+				t.Fatalf("GPU 1's devices are in %d of %d slices, want %d", spanned, len(published), tc.spanned)
+			}
+			if err := h.node.InjectXID(1, 79); err != nil {
+				t.Fatal(err)
+			}
+			// Done once every device of GPU 1 is tainted and every slice
+			// carries the pool's newest generation (a bumped generation
+			// reaches the slices one write at a time).
+			var now []*resourceapi.ResourceSlice
+			h.awaitSlices("taint on every device of GPU 1, one generation", func(m map[string][]string) bool {
+				for name, taints := range m {
+					if ofGPU1(name) && len(taints) == 0 {
+						return false
+					}
+				}
+				_, now = h.publishedTaints()
+				for _, s := range now {
+					if s.Spec.Pool.Generation != now[0].Spec.Pool.Generation {
+						return false
+					}
+				}
+				return true
+			})
+			if got := writes() - before; got != tc.wantRewrites || got > len(now) {
+				t.Errorf("one GPU's taint cost %d slice writes on a node of %d slices, want %d", got, len(now), tc.wantRewrites)
+			}
+		})
 	}
 }
