@@ -297,20 +297,28 @@ func TestGangExamplesHoldTogether(t *testing.T) {
 	}
 }
 
-// checkGangJob checks one Job of gang g that runs size of its members.
-func checkGangJob(t *testing.T, file string, g *gangv1.Gang, job *batchv1.Job, size int32) {
+// checkMemberJob checks what every Job of gang members needs: n indexed
+// pods (n is what the gang counts on, said by of), evictions ignored, and
+// the gate that keeps each pod until its gang is placed.
+func checkMemberJob(t *testing.T, file string, job *batchv1.Job, n int32, of string) {
 	t.Helper()
-	if job.Spec.Parallelism == nil || *job.Spec.Parallelism != size || job.Spec.Completions == nil || *job.Spec.Completions != size ||
+	if job.Spec.Parallelism == nil || *job.Spec.Parallelism != n || job.Spec.Completions == nil || *job.Spec.Completions != n ||
 		job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
-		t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (its members)", file, job.Name, size)
+		t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (%s)", file, job.Name, n, of)
 	}
 	if !ignoresEvictions(job.Spec.PodFailurePolicy) {
 		t.Errorf("%s: Job %s must ignore DisruptionTarget failures (podFailurePolicy): the controller evicts the members of a gang that lost one", file, job.Name)
 	}
-	pod := job.Spec.Template.Spec
-	if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
+	if !slices.ContainsFunc(job.Spec.Template.Spec.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
 		t.Errorf("%s: Job %s's pods lack the scheduling gate %s: the scheduler would place them one by one", file, job.Name, gangv1.SchedulingGate)
 	}
+}
+
+// checkGangJob checks one Job of gang g that runs size of its members.
+func checkGangJob(t *testing.T, file string, g *gangv1.Gang, job *batchv1.Job, size int32) {
+	t.Helper()
+	checkMemberJob(t, file, job, size, "its members")
+	pod := job.Spec.Template.Spec
 	podLabels := labels.Set(maps.Clone(job.Spec.Template.Labels))
 	if podLabels == nil {
 		podLabels = labels.Set{}

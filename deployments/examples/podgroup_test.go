@@ -49,17 +49,8 @@ func TestPodGroupExampleIsPlacedAsAGang(t *testing.T) {
 				continue
 			}
 			n := pg.Spec.SchedulingPolicy.Gang.MinCount
-			if job.Spec.Parallelism == nil || *job.Spec.Parallelism != n || job.Spec.Completions == nil || *job.Spec.Completions != n ||
-				job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
-				t.Errorf("%s: Job %s must be Indexed with completions and parallelism %d (the PodGroup's minCount)", file, job.Name, n)
-			}
-			if !ignoresEvictions(job.Spec.PodFailurePolicy) {
-				t.Errorf("%s: Job %s must ignore DisruptionTarget failures (podFailurePolicy)", file, job.Name)
-			}
+			checkMemberJob(t, file, job, n, "the PodGroup's minCount")
 			pod := job.Spec.Template.Spec
-			if !slices.ContainsFunc(pod.SchedulingGates, func(sg corev1.PodSchedulingGate) bool { return sg.Name == gangv1.SchedulingGate }) {
-				t.Errorf("%s: Job %s's pods lack the scheduling gate %s", file, job.Name, gangv1.SchedulingGate)
-			}
 			// The resourceclaim controller makes each template claim once
 			// for the group and records it in the PodGroup's status.
 			pg := pg.DeepCopy()

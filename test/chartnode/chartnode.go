@@ -117,19 +117,27 @@ var RealRuntimeNodes = map[string]any{cluster.RuntimeLabel: cluster.RealContaine
 // it is the only one there, is not the pod with UID not (if set), runs
 // image and is ready; otherwise nil and what it found instead.
 func PluginPod(ctx context.Context, client kubernetes.Interface, ns, node, image string, not types.UID) (*corev1.Pod, string) {
-	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: PluginSelector, FieldSelector: "spec.nodeName=" + node})
+	return OnlyReadyPod(ctx, client, ns, metav1.ListOptions{LabelSelector: PluginSelector, FieldSelector: "spec.nodeName=" + node}, "plugin pods on node "+node, image, not)
+}
+
+// OnlyReadyPod returns the one pod in ns that list selects (what names
+// them in messages) if there is exactly one, it is not the pod with UID not
+// (if set) nor being deleted, and its one container runs image and is
+// ready; otherwise nil and what it found instead.
+func OnlyReadyPod(ctx context.Context, client kubernetes.Interface, ns string, list metav1.ListOptions, what, image string, not types.UID) (*corev1.Pod, string) {
+	pods, err := client.CoreV1().Pods(ns).List(ctx, list)
 	switch {
 	case err != nil:
 		return nil, err.Error()
 	case len(pods.Items) != 1:
-		return nil, fmt.Sprintf("%d plugin pods on node %s", len(pods.Items), node)
+		return nil, fmt.Sprintf("%d %s", len(pods.Items), what)
 	}
 	p := &pods.Items[0]
 	switch {
-	case p.UID == not:
+	case not != "" && p.UID == not:
 		return nil, fmt.Sprintf("pod %s is still the one that was there", p.Name)
-	case p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready:
-		return nil, fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+	case p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready:
+		return nil, fmt.Sprintf("pod %s: %s deleting=%v %+v", p.Name, p.Status.Phase, p.DeletionTimestamp != nil, p.Status.ContainerStatuses)
 	case p.Status.ContainerStatuses[0].Image != image:
 		return nil, fmt.Sprintf("pod %s runs image %q, want %q", p.Name, p.Status.ContainerStatuses[0].Image, image)
 	}

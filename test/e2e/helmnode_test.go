@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -333,19 +332,7 @@ func waitForComponentPod(ctx context.Context, steps realNodeSteps, c *cluster.Cl
 // componentPod returns the chart's component pod in ns if it is the only
 // one, runs image and is ready; otherwise nil and what it found instead.
 func componentPod(ctx context.Context, c *cluster.Cluster, ns, component, image string) (*corev1.Pod, string) {
-	pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
-	switch {
-	case err != nil:
-		return nil, err.Error()
-	case len(pods.Items) != 1:
-		return nil, fmt.Sprintf("%d %s pods", len(pods.Items), component)
-	}
-	p := &pods.Items[0]
-	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 ||
-		p.Status.ContainerStatuses[0].Image != image || !p.Status.ContainerStatuses[0].Ready {
-		return nil, fmt.Sprintf("pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
-	}
-	return p, ""
+	return chartnode.OnlyReadyPod(ctx, c.Client(), ns, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component}, component+" pods", image, "")
 }
 
 // checkDomainPod runs a pod on node with a GPU and a claim for a channel of
@@ -435,10 +422,7 @@ func checkMPSPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 	if err := client.ResourceV1().ResourceClaims(ns).Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil {
 		steps.fail(step, "delete the MPS claim: %v", err)
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := client.CoreV1().Pods(daemon.Namespace).Get(ctx, daemon.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	}); err != nil {
+	if err := waitPodGone(ctx, client, daemon.Namespace, daemon.Name); err != nil {
 		steps.fail(step, "the MPS daemon pod %s stays after its claim was unprepared: %v", daemon.Name, err)
 	}
 	waitNoCDISpecs(ctx, t, c.nodes[node])
@@ -654,10 +638,7 @@ func checkDrain(ctx context.Context, t *testing.T, c *tesseraCluster, steps real
 	if err := client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, eviction); err != nil {
 		steps.fail(step, "evict pod %s: %v", pod.Name, err)
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	}); err != nil {
+	if err := waitPodGone(ctx, client, pod.Namespace, pod.Name); err != nil {
 		steps.fail(step, "the evicted pod %s is still there: %v", pod.Name, err)
 	}
 	waitNoCDISpecs(ctx, t, c.nodes[nodeName])

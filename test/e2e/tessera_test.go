@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
@@ -404,11 +405,7 @@ func (c *tesseraCluster) deletePodsAndWait(ctx context.Context, t testing.TB, po
 		}
 	}
 	for _, p := range pods {
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			_, err := c.Client().CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-			return apierrors.IsNotFound(err), nil
-		})
-		if err != nil {
+		if err := waitPodGone(ctx, c.Client(), p.Namespace, p.Name); err != nil {
 			t.Fatalf("pod %s/%s not gone after deletion: %v", p.Namespace, p.Name, err)
 		}
 	}
@@ -502,4 +499,12 @@ func eventually(ctx context.Context, t testing.TB, timeout time.Duration, what s
 	if err != nil {
 		t.Fatalf("not %s within %v: %v", what, timeout, err)
 	}
+}
+
+// waitPodGone waits (a minute at most) until pod ns/name no longer exists.
+func waitPodGone(ctx context.Context, client kubernetes.Interface, ns, name string) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
 }
