@@ -35,8 +35,10 @@ import (
 //     containers included, which otherwise outlive containerd.
 //
 // The network namespace is the host's, as on a real node: hostNetwork pods
-// reach the API server on 127.0.0.1. Other pods join the cluster's pod
-// network (podnetwork.go), with addresses from the node's part of it.
+// reach the API server on 127.0.0.1, and have the node's own address
+// (Node.IP, on the pod bridge) as their hostIP and podIP. Other pods join
+// the cluster's pod network (podnetwork.go), with addresses from the node's
+// part of it.
 type realRuntime struct {
 	node   *Node
 	dir    string // <node dir>/containerd

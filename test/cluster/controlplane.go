@@ -109,6 +109,14 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		}
 	}
 	c.adminKubeconfig = c.kubeconfigPath("admin")
+	// The API server calls a kubelet (a pod's log, exec) at its Node's
+	// InternalIP, which only real-runtime nodes have (Node.IP), with a
+	// client certificate of the cluster's CA, and checks the kubelet's
+	// serving certificate against the CA and that address.
+	kubeletClient, err := ca.issue(c.pkiDir(), "apiserver-kubelet-client", "kube-apiserver-kubelet-client", nil, nil)
+	if err != nil {
+		return err
+	}
 	if err := c.loadClient(); err != nil {
 		return err
 	}
@@ -122,6 +130,9 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort),
 		"--tls-cert-file=" + serving.CertFile, "--tls-private-key-file=" + serving.KeyFile,
 		"--client-ca-file=" + caFile(c.pkiDir()),
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-client-certificate=" + kubeletClient.CertFile, "--kubelet-client-key=" + kubeletClient.KeyFile,
+		"--kubelet-certificate-authority=" + caFile(c.pkiDir()),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--authorization-mode=Node,RBAC",

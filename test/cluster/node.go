@@ -69,6 +69,7 @@ type Node struct {
 	standardPaths bool
 	argv          []string
 	healthzPort   int
+	ip            string // IP
 
 	mu      sync.Mutex
 	kubelet *process
@@ -76,6 +77,16 @@ type Node struct {
 
 // Name is the node's name.
 func (n *Node) Name() string { return n.name }
+
+// IP is the node's address, its kubelet's --node-ip and the address the
+// kubelet serves its API on. A real-runtime node has its own address on the
+// pod bridge (podnetwork.go), distinct per node and not loopback: its Node
+// has it as InternalIP, its hostNetwork pods as status.hostIP and podIP,
+// the kubelet probes them there, and they can bind to it (as IMEX daemons
+// bind to their node's InternalIP). A fake-runtime node's is 127.0.0.1,
+// which the kubelet refuses for the Node's addresses: its Node has no
+// InternalIP, its hostNetwork pods no hostIP.
+func (n *Node) IP() string { return n.ip }
 
 // KubeletRootDir is the kubelet's --root-dir. On a real-runtime node it is
 // also /var/lib/kubelet in the node's namespace, so a DaemonSet's hostPath
@@ -136,7 +147,7 @@ func (n *Node) Containers() []RecordedContainer {
 func (n *Node) KubeletLog() string { return n.cluster.logPath("kubelet-" + n.name) }
 
 func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
-	n := &Node{name: spec.Name, dir: nodeDir(c.dir, spec.Name), cluster: c, standardPaths: spec.Runtime == RealContainerd}
+	n := &Node{name: spec.Name, dir: nodeDir(c.dir, spec.Name), cluster: c, standardPaths: spec.Runtime == RealContainerd, ip: "127.0.0.1"}
 	for _, d := range []string{n.KubeletRootDir(), n.RegistrarDir(), n.PluginsDir(), n.CDIDir(),
 		filepath.Join(n.dir, "var-lib"), filepath.Join(n.dir, "var-log")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -148,13 +159,24 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		return nil, err
 	}
 	n.healthzPort = ports[1]
+	realIndex := c.realNodes // among the real-runtime nodes
+	if spec.Runtime == RealContainerd {
+		c.realNodes++
+		ip, err := c.pods.addNodeIP(realIndex)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.name, err)
+		}
+		n.ip = ip.String()
+	}
 
 	user := "system:node:" + n.name
 	client, err := c.ca.issue(n.dir, "kubelet-client", user, []string{"system:nodes"}, nil)
 	if err != nil {
 		return nil, err
 	}
-	serving, err := c.ca.issue(n.dir, "kubelet-serving", user, []string{"system:nodes"}, []string{"127.0.0.1", n.name})
+	// The API server reaches the kubelet at its InternalIP (real-runtime
+	// nodes only) and checks its certificate.
+	serving, err := c.ca.issue(n.dir, "kubelet-serving", user, []string{"system:nodes"}, []string{n.ip, n.name})
 	if err != nil {
 		return nil, err
 	}
@@ -173,8 +195,7 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name, err)
 		}
-		c.realNodes++
-		if n.real, err = startRealRuntime(ctx, n, c.runtimeBins, c.realNodes-1, sysctlDir, archive); err != nil {
+		if n.real, err = startRealRuntime(ctx, n, c.runtimeBins, realIndex, sysctlDir, archive); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.name, err)
 		}
 		socket = n.real.socket()
@@ -182,7 +203,7 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		return nil, fmt.Errorf("node %s: %w", n.name, err)
 	}
 	config := filepath.Join(n.dir, "kubelet.yaml")
-	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, ports[0], ports[1])); err != nil {
+	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, n.ip, ports[0], ports[1])); err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.name, err)
 	}
 
@@ -206,11 +227,13 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		"--kubeconfig="+kubeconfig,
 		"--root-dir="+n.kubeletRootArg(),
 		"--hostname-override="+n.name,
-		// The kubelet refuses a loopback node IP for the Node's addresses
-		// and logs so at each status update ("nodeIP can't be loopback
-		// address"); harmless here, where nothing dials a kubelet, and it
-		// keeps every node on loopback.
-		"--node-ip=127.0.0.1",
+		// A real-runtime node's own address (IP): the Node's InternalIP.
+		// A fake-runtime node's kubelet gets 127.0.0.1, which it refuses
+		// for the Node's addresses and logs so at each status update
+		// ("nodeIP can't be loopback address"): its Node has no
+		// InternalIP, so the API server cannot reach it (logs, exec), and
+		// every fake node stays on loopback, however many there are.
+		"--node-ip="+n.ip,
 		"--v=3",
 	)
 	labels := maps.Clone(spec.Labels)
@@ -270,12 +293,14 @@ func writeSysctlStandIns(dir string) error {
 }
 
 // kubeletConfig is the KubeletConfiguration that lets a kubelet run on a
-// shared host next to other kubelets, with a fake runtime and cgroup v1.
-func kubeletConfig(socket, clientCA string, serving *keyPair, port, healthzPort int) map[string]any {
+// shared host next to other kubelets, with a fake runtime and cgroup v1. It
+// serves its API at address:port, the node's IP, and /healthz at
+// 127.0.0.1:healthzPort.
+func kubeletConfig(socket, clientCA string, serving *keyPair, address string, port, healthzPort int) map[string]any {
 	return map[string]any{
 		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
 		"kind":                     "KubeletConfiguration",
-		"address":                  "127.0.0.1",
+		"address":                  address,
 		"port":                     port,
 		"readOnlyPort":             0,
 		"healthzBindAddress":       "127.0.0.1",

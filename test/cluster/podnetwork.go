@@ -28,6 +28,14 @@ import (
 // nothing leaves the machine. Each node hands out its own part of the
 // subnet (nodeRange).
 //
+// Each real-runtime node also has its own address of the subnet on the
+// bridge (nodeIP, Node.IP), one that no node hands out: its kubelet's
+// --node-ip, so its Node's InternalIP and its hostNetwork pods' hostIP and
+// podIP. The kubelet serves there (the API server reaches it there for
+// logs and exec) and probes hostNetwork pods there; processes of any node
+// can bind to it, pods reach it as they reach the host. Being on the
+// bridge it goes with the bridge.
+//
 // The API server listens on 127.0.0.1 only, and the cluster runs no Service
 // proxy, so pods in the pod network reach the API server through a relay on
 // 10.244.K.1 at the API server's port (PodAPIServer): it carries bytes to
@@ -147,10 +155,37 @@ func takenSubnets() (map[int]bool, error) {
 // their addresses from: 30 (29 for the eighth node, short of the broadcast
 // address).
 func (p *podNetwork) nodeRange(i int) (first, last net.IP) {
+	return p.host(32*i + 2), p.host(min(32*i+31, 254))
+}
+
+// nodeIP is the i-th real-runtime node's own address (Node.IP). The
+// addresses of the subnet that are neither the network's (.0), the
+// gateway's (.1), the broadcast address (.255) nor in a node's range are
+// the two below each range from the second node's on: .32 and .33, .64 and
+// .65, and so on; the i-th node gets the i-th of them (.32, .33, .64, ...,
+// .129 for the eighth). The top of the subnet is the eighth node's range.
+func (p *podNetwork) nodeIP(i int) net.IP {
+	return p.host(32*(i/2+1) + i%2)
+}
+
+// host is the address of the subnet whose last byte is b.
+func (p *podNetwork) host(b int) net.IP {
 	base := p.subnet.IP.To4()
-	first = net.IPv4(base[0], base[1], base[2], byte(32*i+2)).To4()
-	last = net.IPv4(base[0], base[1], base[2], byte(min(32*i+31, 254))).To4()
-	return first, last
+	return net.IPv4(base[0], base[1], base[2], byte(b)).To4()
+}
+
+// addNodeIP puts the i-th real-runtime node's address on the bridge and
+// returns it. It goes on as a /32: the bridge's route to the subnet keeps
+// the gateway as its source address, so what the host sends to pods (the
+// kubelet's probes, the API server's webhook calls) comes from the gateway
+// as before; pods still reach the address on the bridge (the host answers
+// ARP for any of its addresses).
+func (p *podNetwork) addNodeIP(i int) (net.IP, error) {
+	ip := p.nodeIP(i)
+	if out, err := exec.Command("ip", "addr", "add", ip.String()+"/32", "dev", p.bridge).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("put the node's address on the pod bridge: ip addr add %s/32 dev %s: %w: %s", ip, p.bridge, err, out)
+	}
+	return ip, nil
 }
 
 // startRelay carries connections to the host side's address at port to

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
@@ -175,9 +178,93 @@ func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
 	}
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 
+	checkNodeAddress(ctx, t, c, steps, ns, hello, "hello from hello\n")
 	checkGPUPod(ctx, t, c, steps, ns, n.Name(), false)
 	c.deletePodsAndWait(ctx, t, hello)
 	t.Logf("test body took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// checkNodeAddress checks a real-runtime node's own address (Node.IP): the
+// Node has it, not a loopback address, as its one InternalIP; a hostNetwork
+// pod there gets it as status.hostIP and status.podIP and, through the
+// downward API, as $HOST_IP, and the kubelet's tcpSocket readiness probe
+// reaches a server the pod binds to that address only, as an IMEX daemon
+// binds to its node's, which a pod of the pod network reaches too; and the
+// API server reaches the node's kubelet there for the log of running, whose
+// container wrote logged.
+func checkNodeAddress(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns string, running *corev1.Pod, logged string) {
+	t.Helper()
+	client := c.Client()
+	step := "the Node has the node's own address as its InternalIP"
+	t0 := time.Now()
+	want := steps.node.IP()
+	node, err := client.CoreV1().Nodes().Get(ctx, steps.node.Name(), metav1.GetOptions{})
+	if err != nil {
+		steps.fail(step, "get Node: %v", err)
+	}
+	var internal []string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			internal = append(internal, a.Address)
+		}
+	}
+	if ip := net.ParseIP(want); ip == nil || ip.IsLoopback() || !slices.Equal(internal, []string{want}) {
+		steps.fail(step, "Node %s has the addresses %v; want one InternalIP, the node's own non-loopback address %q", node.Name, node.Status.Addresses, want)
+	}
+	t.Logf("%s (%s): %v", step, want, time.Since(t0).Round(time.Millisecond))
+
+	step = "a hostNetwork pod gets the node's address, and the kubelet probes a server bound to it"
+	t0 = time.Now()
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const page = "served-at-the-node-address"
+	pod := busyboxPod(ns, "host-net", steps.node.Name(), fmt.Sprintf(`echo "HOSTIP $HOST_IP"
+echo %s > /tmp/index.html
+httpd -p "$HOST_IP:%d" -h /tmp`, page, ports[0]))
+	pod.Spec.HostNetwork = true
+	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "HOST_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}}}
+	pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(int32(ports[0]))}},
+		PeriodSeconds: 1,
+	}
+	pod, out := steps.run(ctx, c, step, pod)
+	if !strings.Contains(out, "HOSTIP "+want+"\n") {
+		steps.fail(step, "the container's $HOST_IP (status.hostIP) is not %s; it wrote:\n%s", want, out)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = got
+		return slices.ContainsFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+		}), nil
+	})
+	if err != nil {
+		steps.fail(step, "pod %s/%s, serving on %s:%d, not Ready: %v; status %+v\nevents:\n%s", ns, pod.Name, want, ports[0], err, pod.Status, c.events(ctx, ns))
+	}
+	if pod.Status.HostIP != want || pod.Status.PodIP != want {
+		steps.fail(step, "pod %s/%s has hostIP %q and podIP %q, want the node's address %s", ns, pod.Name, pod.Status.HostIP, pod.Status.PodIP, want)
+	}
+	reach, out := steps.run(ctx, c, step, busyboxPod(ns, "reach", steps.node.Name(),
+		// busybox-static's wget crashes (SIGSEGV) here: nc asks.
+		fmt.Sprintf(`echo "GOT $(printf 'GET / HTTP/1.0\r\n\r\n' | timeout 10 nc %s %d 2>&1 | tail -n 1)"`, want, ports[0])))
+	if !strings.Contains(out, "GOT "+page+"\n") {
+		steps.fail(step, "a pod of the pod network (%s) did not get the page served at %s:%d; it wrote:\n%s", reach.Status.PodIP, want, ports[0], out)
+	}
+	c.deletePodsAndWait(ctx, t, pod, reach)
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
+
+	step = "the API server reads a container's log from the kubelet at the node's address"
+	t0 = time.Now()
+	log, err := client.CoreV1().Pods(running.Namespace).GetLogs(running.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(log), logged) {
+		steps.fail(step, "log of pod %s/%s through the API server: %v\n%s\nwant it to hold %q", running.Namespace, running.Name, err, log, logged)
+	}
+	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 }
 
 // checkGPUPod runs a pod with a one-GPU claim in namespace ns on node, a
