@@ -8,6 +8,9 @@
 # plugin runs from the driver root in this image). tessera-cdi-hook, the CDI
 # specs' createContainer hook, is copied onto each node by the kubelet
 # plugin's init container: the container runtime runs it on the host.
+# tessera-fake-imex is the simulated driver's nvidia-imex: a fake node's
+# driver root links usr/bin/nvidia-imex to it, which resolves here, in the
+# IMEX daemon pods the plugin runs from this image on simulated nodes.
 ARG GO_VERSION=1.26
 FROM golang:${GO_VERSION} AS build
 WORKDIR /src
@@ -20,7 +23,7 @@ ARG VERSION=dev
 RUN CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations \
     go build -tags=grpcnotrace -trimpath -ldflags="-s -w" -o /out/ \
     ./cmd/tessera ./cmd/tessera-kubelet-plugin ./cmd/tessera-controller ./cmd/tessera-webhook \
-    ./cmd/tessera-cdi-hook
+    ./cmd/tessera-cdi-hook ./cmd/tessera-fake-imex
 
 FROM gcr.io/distroless/base-debian12
 LABEL org.opencontainers.image.source="https://github.com/tessera-dev/tessera" \

@@ -25,7 +25,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=grpcnotrace)
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
-BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook tessera-cdi-hook
+BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook tessera-cdi-hook tessera-fake-imex
 
 .PHONY: all build test oracle hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image image-oci
 

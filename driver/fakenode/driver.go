@@ -1,7 +1,9 @@
 package fakenode
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -9,7 +11,9 @@ import (
 // A fake node's user-space driver is laid out as NVIDIA's packages install
 // it (the .run installer and the distribution packages agree on this):
 // every library as <name>.so.<driver version>, with a soname link where the
-// library has a soname of its own; the tools in usr/bin; the GSP firmware in
+// library has a soname of its own; the tools in usr/bin (every fake node
+// has the IMEX service's nvidia-imex and nvidia-imex-ctl too; nvidia-imex
+// links to IMEXStandIn); the GSP firmware in
 // lib/firmware/nvidia/<version>; the persistence daemon's socket (a regular
 // file stands in, as for device nodes). The list is written out here, apart
 // from driver/driverfiles, so that tests of discovery check it against an
@@ -36,7 +40,17 @@ var fakeLibraries = []struct{ name, soname string }{
 	{"libEGL_nvidia.so", "libEGL_nvidia.so.0"},
 }
 
-var fakeTools = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"}
+var fakeTools = []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-imex-ctl"}
+
+// IMEXStandIn is where a fake driver's usr/bin/nvidia-imex points: the
+// stand-in for NVIDIA's IMEX daemon (driver/fakenode/imexd) in Tessera's
+// image. The link is absolute on purpose: the plugin runs the daemon in a
+// pod from Tessera's image with the host's driver root mounted, and there
+// the link resolves to the image's binary. On the host it dangles, which
+// is harmless: the plugin never runs a driver root's binaries on the host,
+// and discovery mounts no nvidia-imex into containers (nor does NVIDIA's
+// toolkit).
+const IMEXStandIn = "/usr/local/bin/tessera-fake-imex"
 
 // FakeLibraries lists the file names InstallDriver puts in the library
 // directory for a driver version: every versioned file and soname link.
@@ -78,6 +92,13 @@ func InstallDriver(root, libDir, version string) error {
 		if err := mkfile(filepath.Join(root, "usr", "bin", t), content, 0o755); err != nil {
 			return err
 		}
+	}
+	imex := filepath.Join(root, "usr", "bin", "nvidia-imex")
+	if err := os.Remove(imex); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.Symlink(IMEXStandIn, imex); err != nil {
+		return err
 	}
 	for _, fw := range []string{"gsp_ga10x.bin", "gsp_tu10x.bin"} {
 		if err := mkfile(filepath.Join(root, "lib", "firmware", "nvidia", version, fw), "fake firmware\n", 0o644); err != nil {

@@ -27,7 +27,7 @@ const (
 )
 
 // Commands are the binaries of Tessera's image, each built from ./cmd/<name>.
-var Commands = []string{"tessera", "tessera-kubelet-plugin", "tessera-controller", "tessera-webhook", "tessera-cdi-hook"}
+var Commands = []string{"tessera", "tessera-kubelet-plugin", "tessera-controller", "tessera-webhook", "tessera-cdi-hook", "tessera-fake-imex"}
 
 // Entrypoint is the image's entrypoint.
 var Entrypoint = []string{"/usr/local/bin/tessera-kubelet-plugin"}
