@@ -64,18 +64,27 @@ type Claim struct {
 	// MPS is the claim's MPS control daemon, recorded with the
 	// PrepareStarted mark before it is started.
 	MPS *MPSDaemon `json:"mps,omitempty"`
+	// IMEX is a gang domain claim's IMEX daemon on this node
+	// (driver/imex), recorded with the PrepareStarted mark before it is
+	// started.
+	IMEX *Daemon `json:"imex,omitempty"`
 	// Domain marks a gang domain claim (driver/domain): recorded, without
 	// devices, only so that a restart tells its CDI spec from an orphan.
 	Domain bool `json:"domain,omitempty"`
 }
 
-// MPSDaemon locates a claim's MPS control daemon.
-type MPSDaemon struct {
+// Daemon locates a claim's daemon pod (an MPS control daemon, an IMEX
+// daemon).
+type Daemon struct {
 	// Pod is the daemon's pod, in the plugin's namespace.
 	Pod string `json:"pod"`
-	// Dir holds the daemon's pipe, log and shared-memory directories.
+	// Dir holds the daemon's files on the host: an MPS daemon's pipe, log
+	// and shared-memory directories, an IMEX daemon's configuration.
 	Dir string `json:"dir"`
 }
+
+// MPSDaemon locates a claim's MPS control daemon.
+type MPSDaemon = Daemon
 
 // Device is one allocated device as prepared for a claim.
 type Device struct {

@@ -29,23 +29,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
-	"github.com/tessera-dev/tessera/driver/driverfiles"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
 // Labels on every daemon pod.
 const (
-	LabelApp      = "app.kubernetes.io/name"
+	LabelApp      = daemonpod.LabelApp
 	AppName       = "tessera-mps"
-	LabelNode     = "gpu.tessera.dev/node"
-	LabelClaimUID = "gpu.tessera.dev/claim-uid"
+	LabelNode     = daemonpod.LabelNode
+	LabelClaimUID = daemonpod.LabelClaimUID
 )
 
 // Where clients and the daemon see the daemon's directories.
@@ -53,7 +52,7 @@ const (
 	PipeDir = "/tmp/nvidia-mps"
 	LogDir  = "/var/log/nvidia-mps"
 	// driverRootMount is where the daemon sees the host's driver root.
-	driverRootMount = "/driver-root"
+	driverRootMount = daemonpod.DriverRootMount
 )
 
 // Daemons runs daemon pods on one node.
@@ -93,7 +92,7 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edit
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return cdi.Edits{}, fmt.Errorf("create MPS daemon pod %s/%s: %w", d.Namespace, pod.Name, err)
 	}
-	if err := d.waitRunning(ctx, pod.Name); err != nil {
+	if err := daemonpod.Wait(ctx, d.Client, d.Namespace, pod.Name, daemonpod.Running, d.ReadyTimeout, "MPS daemon", "check the pod's events and --mps-image"); err != nil {
 		return cdi.Edits{}, err
 	}
 	klog.FromContext(ctx).V(2).Info("MPS control daemon running", "pod", klog.KRef(d.Namespace, pod.Name), "claim", klog.KRef(daemon.ClaimNamespace, daemon.ClaimName), "devices", daemon.Devices)
@@ -125,7 +124,7 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 		{Name: "CUDA_VISIBLE_DEVICES", Value: strings.Join(daemon.Devices, ",")},
 		{Name: "CUDA_MPS_PIPE_DIRECTORY", Value: PipeDir},
 		{Name: "CUDA_MPS_LOG_DIRECTORY", Value: LogDir},
-		{Name: "LD_LIBRARY_PATH", Value: strings.Join(libDirs(), ":")},
+		{Name: "LD_LIBRARY_PATH", Value: daemonpod.LibraryPath()},
 	}
 	for _, kv := range daemon.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -137,7 +136,7 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 			Namespace: d.Namespace,
 			Labels:    map[string]string{LabelApp: AppName, LabelNode: d.NodeName, LabelClaimUID: daemon.ClaimUID},
 			Annotations: map[string]string{
-				"gpu.tessera.dev/claim": daemon.ClaimNamespace + "/" + daemon.ClaimName,
+				daemonpod.AnnotationClaim: daemon.ClaimNamespace + "/" + daemon.ClaimName,
 			},
 		},
 		Spec: corev1.PodSpec{
@@ -172,59 +171,10 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 	}
 }
 
-// libDirs are where the driver's libraries may live under the mounted
-// root: every directory the containers' driver files are looked for in
-// (driverfiles.LibDirs), in the same order. The MPS-lock policy pins this
-// value: change both together.
-func libDirs() []string {
-	var out []string
-	for _, dir := range driverfiles.LibDirs {
-		out = append(out, driverRootMount+"/"+dir)
-	}
-	return out
-}
-
-// waitRunning polls the pod until its container runs, it fails, or the
-// timeout passes.
-func (d *Daemons) waitRunning(ctx context.Context, name string) error {
-	timeout := d.ReadyTimeout
-	if timeout == 0 {
-		timeout = 30 * time.Second
-	}
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		pod, err := d.Client.CoreV1().Pods(d.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
-			return false, fmt.Errorf("MPS daemon pod %s/%s ended (%s): %s", d.Namespace, name, pod.Status.Phase, pod.Status.Message)
-		}
-		for _, cs := range pod.Status.ContainerStatuses {
-			if cs.State.Running != nil {
-				return true, nil
-			}
-			if w := cs.State.Waiting; w != nil {
-				last = w.Reason + ": " + w.Message
-			}
-		}
-		if last == "" {
-			last = "phase " + string(pod.Status.Phase)
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("MPS daemon pod %s/%s not running after %v (last seen: %s); check the pod's events and --mps-image: %w", d.Namespace, name, timeout, last, err)
-	}
-	return nil
-}
-
 // Stop deletes the daemon's pod and directory.
 func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
-	err := d.Client.CoreV1().Pods(d.Namespace).Delete(ctx, daemon.Pod, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete MPS daemon pod %s/%s: %w", d.Namespace, daemon.Pod, err)
+	if err := daemonpod.Delete(ctx, d.Client, d.Namespace, daemon.Pod, false, 0, "MPS daemon"); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(daemon.Dir); err != nil {
 		return fmt.Errorf("remove MPS directory: %w", err)
@@ -236,13 +186,5 @@ func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
 // to stop those of claims the node does not hold
 // (prepare.Manager.StopOrphanDaemon).
 func (d *Daemons) Claims(ctx context.Context) ([]string, error) {
-	pods, err := d.Client.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelApp + "=" + AppName + "," + LabelNode + "=" + d.NodeName})
-	if err != nil {
-		return nil, fmt.Errorf("list MPS daemon pods: %w", err)
-	}
-	out := make([]string, 0, len(pods.Items))
-	for _, pod := range pods.Items {
-		out = append(out, pod.Labels[LabelClaimUID])
-	}
-	return out, nil
+	return daemonpod.Claims(ctx, d.Client, d.Namespace, AppName, d.NodeName)
 }

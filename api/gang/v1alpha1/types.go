@@ -6,6 +6,9 @@
 package v1alpha1
 
 import (
+	"fmt"
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -59,7 +62,46 @@ const (
 	AnnotationRoleRank = Group + "/role-rank"
 	// AnnotationRoleSize is the size of the member's role.
 	AnnotationRoleSize = Group + "/role-size"
+	// AnnotationNodes, on the domain claim, lists the placement's nodes
+	// and their InternalIP addresses (FormatNodes), sorted by name and
+	// written with the allocation: the kubelet plugin configures each
+	// node's IMEX daemon with exactly these addresses.
+	AnnotationNodes = Group + "/nodes"
 )
+
+// Node is one node of a placement: its name and the address (InternalIP)
+// its IMEX daemon serves on; "" when the Node has none.
+type Node struct {
+	Name    string
+	Address string
+}
+
+// FormatNodes renders nodes as AnnotationNodes' value:
+// "<name>=<address>,..." in the order given.
+func FormatNodes(nodes []Node) string {
+	parts := make([]string, len(nodes))
+	for i, n := range nodes {
+		parts[i] = n.Name + "=" + n.Address
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseNodes reads AnnotationNodes' value; an entry without "=" or without
+// a name is an error.
+func ParseNodes(value string) ([]Node, error) {
+	if value == "" {
+		return nil, nil
+	}
+	var out []Node
+	for _, part := range strings.Split(value, ",") {
+		name, addr, ok := strings.Cut(part, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("annotation %s: entry %q is not <node>=<address> (written by the gang controller; do not edit it)", AnnotationNodes, part)
+		}
+		out = append(out, Node{Name: name, Address: addr})
+	}
+	return out, nil
+}
 
 // UncommittedPlacement is the value of AnnotationUncommitted: a placement's
 // ID and the claims (of the gang's namespace) it writes.
@@ -206,7 +248,9 @@ type GangStatus struct {
 	Domain string `json:"domain,omitempty"`
 	// Nodes are the nodes the members were placed on.
 	Nodes []string `json:"nodes,omitempty"`
-	// Conditions: Waiting, Placed, Running, Failed.
+	// Conditions: Waiting, Placed, Running, Failed, and IMEXReady on a gang
+	// placed in an NVLink domain when the kubelet plugins run IMEX daemons
+	// (tessera-controller --imex-daemons).
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
@@ -225,6 +269,10 @@ const (
 	// deleted, its node gone); the remaining members are evicted and the gang
 	// placed again once its workload recreates them.
 	ConditionFailed = "Failed"
+	// ConditionIMEXReady is true while every node of an NVLink placement
+	// runs its IMEX daemon and the daemon is ready (listening); false,
+	// with the nodes that lack one, otherwise. Absent for other domains.
+	ConditionIMEXReady = "IMEXReady"
 )
 
 // Reasons of the conditions.
@@ -245,6 +293,9 @@ const (
 	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
 	// not be met (the Placed condition's message says where).
 	ReasonPolicyNotMet = "PlacementPolicyNotMet"
+	// ReasonIMEXReady and ReasonIMEXNotReady: the IMEXReady condition.
+	ReasonIMEXReady    = "DaemonsReady"
+	ReasonIMEXNotReady = "DaemonsNotReady"
 )
 
 // GangList is a list of gangs.

@@ -1,0 +1,142 @@
+// Package daemonpod holds what the kubelet plugin's daemon pods (MPS control
+// daemons, IMEX daemons) share: waiting for a pod to serve, deleting it and
+// waiting for it to be gone, listing a node's daemons, and where the
+// driver's libraries are inside a daemon container.
+package daemonpod
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-dev/tessera/driver/driverfiles"
+)
+
+// Labels on every daemon pod: which daemon, on which node, for which claim.
+const (
+	LabelApp      = "app.kubernetes.io/name"
+	LabelNode     = "gpu.tessera.dev/node"
+	LabelClaimUID = "gpu.tessera.dev/claim-uid"
+	// AnnotationClaim is "<namespace>/<name>" of the claim a daemon serves.
+	AnnotationClaim = "gpu.tessera.dev/claim"
+)
+
+// DriverRootMount is where a daemon container sees the host's driver root
+// (mounted read-only).
+const DriverRootMount = "/driver-root"
+
+// LibraryPath is LD_LIBRARY_PATH for a daemon run from the mounted driver
+// root: every directory the containers' driver files are looked for in
+// (driverfiles.LibDirs), in the same order. The daemons' admission policies
+// pin this value: change them together.
+func LibraryPath() string {
+	out := ""
+	for i, dir := range driverfiles.LibDirs {
+		if i > 0 {
+			out += ":"
+		}
+		out += DriverRootMount + "/" + dir
+	}
+	return out
+}
+
+// Until says whether a daemon pod serves: Running (its container runs) or
+// Ready (its readiness probe passes).
+type Until int
+
+const (
+	Running Until = iota
+	Ready
+)
+
+// Wait polls the pod until it serves, it ends, or timeout passes (30 s when
+// zero). what names the daemon in errors ("MPS daemon"), fix says what to
+// check when it does not come up.
+func Wait(ctx context.Context, client kubernetes.Interface, ns, name string, until Until, timeout time.Duration, what, fix string) error {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		pod, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+			msg := pod.Status.Message
+			if msg == "" {
+				msg = pod.Status.Reason
+			}
+			return false, fmt.Errorf("%s pod %s/%s ended (%s): %s", what, ns, name, pod.Status.Phase, msg)
+		}
+		last = ""
+		for _, cs := range pod.Status.ContainerStatuses {
+			switch {
+			case cs.State.Running != nil && (until == Running || cs.Ready):
+				return true, nil
+			case cs.State.Running != nil:
+				last = "running, not ready (its readiness probe fails)"
+			case cs.State.Waiting != nil:
+				last = cs.State.Waiting.Reason + ": " + cs.State.Waiting.Message
+			}
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				last += fmt.Sprintf("; last exit %d: %s", t.ExitCode, t.Message)
+			}
+		}
+		if last == "" {
+			last = "phase " + string(pod.Status.Phase)
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s pod %s/%s not %s after %v (last seen: %s); %s: %w", what, ns, name, map[Until]string{Running: "running", Ready: "ready"}[until], timeout, last, fix, err)
+	}
+	return nil
+}
+
+// Delete deletes a daemon pod; a pod already gone succeeds. With wait set
+// it returns only once the pod is gone (its container stopped), within
+// timeout (30 s when zero).
+func Delete(ctx context.Context, client kubernetes.Interface, ns, name string, gone bool, timeout time.Duration, what string) error {
+	err := client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete %s pod %s/%s: %w", what, ns, name, err)
+	}
+	if !gone {
+		return nil
+	}
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s pod %s/%s still there %v after its deletion; check the node's kubelet: %w", what, ns, name, timeout, err)
+	}
+	return nil
+}
+
+// Claims lists the claim UIDs of a node's daemons of one app.
+func Claims(ctx context.Context, client kubernetes.Interface, ns, app, node string) ([]string, error) {
+	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelApp + "=" + app + "," + LabelNode + "=" + node})
+	if err != nil {
+		return nil, fmt.Errorf("list %s pods: %w", app, err)
+	}
+	out := make([]string, 0, len(pods.Items))
+	for _, pod := range pods.Items {
+		out = append(out, pod.Labels[LabelClaimUID])
+	}
+	return out, nil
+}
