@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/sharing"
@@ -61,6 +62,10 @@ type Options struct {
 	// the driver's MPS binaries are mounted from the driver root).
 	Namespace string
 	MPSImage  string
+	// IMEXImage is the image of the IMEX daemon pods (the daemon comes
+	// from the driver root); empty runs none. IMEXPort is their TCP port.
+	IMEXImage string
+	IMEXPort  int
 	// CDIHook is the host path of tessera-cdi-hook, which the CDI specs
 	// run to update the containers' loader cache; empty leaves it out.
 	CDIHook string
@@ -91,6 +96,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
 	fs.StringVar(&o.Namespace, "namespace", env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
 	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused. Environment: MPS_IMAGE.")
+	fs.StringVar(&o.IMEXImage, "imex-image", env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails. Environment: IMEX_IMAGE.")
+	fs.IntVar(&o.IMEXPort, "imex-port", 50000, "TCP port of the IMEX daemons (their SERVER_PORT), on the node's InternalIP; the same on every node.")
 	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
 	o.Health.AddFlags(fs)
 	if o.FeatureGates == nil {
@@ -126,6 +133,12 @@ func (o *Options) Validate() error {
 	if o.MPSImage != "" && o.Namespace == "" {
 		return fmt.Errorf("--mps-image needs --namespace (the plugin's namespace, where MPS daemon pods run)")
 	}
+	if o.IMEXImage != "" && o.Namespace == "" {
+		return fmt.Errorf("--imex-image needs --namespace (the plugin's namespace, where IMEX daemon pods run)")
+	}
+	if o.IMEXPort < 0 || o.IMEXPort > 65535 {
+		return fmt.Errorf("--imex-port %d: want a TCP port, 1 to 65535", o.IMEXPort)
+	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
@@ -157,6 +170,15 @@ func (o *Options) mpsDaemons(client kubernetes.Interface, driverRoot string) *mp
 		return nil
 	}
 	return &mps.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}
+}
+
+// imexDaemons runs IMEX daemons as pods in the plugin's namespace; nil
+// (none run) without --imex-image.
+func (o *Options) imexDaemons(client kubernetes.Interface, driverRoot string) *imex.Daemons {
+	if o.IMEXImage == "" {
+		return nil
+	}
+	return &imex.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: driverRoot, Port: o.IMEXPort}
 }
 
 // apiTimeout is the deadline of each request to the API server.

@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/gpuset"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/hostnodes"
+	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/mps"
@@ -51,6 +52,8 @@ type Plugin struct {
 	server *metricsserver.Server
 	// mps runs MPS daemons; nil without --mps-image.
 	mps *mps.Daemons
+	// imex runs IMEX daemons; nil without --imex-image.
+	imex *imex.Daemons
 	// registered is closed once the kubelet registered the plugin: the
 	// first publish waits for it, at most registrationWait.
 	registered       *registration
@@ -148,6 +151,11 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if mpsDaemons != nil {
 		daemons = mpsDaemons
 	}
+	var imexes prepare.IMEXDaemons
+	imexDaemons := o.imexDaemons(client, node.OnHost(node.DriverRoot))
+	if imexDaemons != nil {
+		imexes = imexDaemons
+	}
 	domainStore, err := cdi.NewStoreOfClass(o.CDIRoot, domain.CDIClass)
 	if err != nil {
 		return nil, err
@@ -155,7 +163,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverEdits: driverFiles.Edits, BootID: bootID,
-		Settings: gpuset.New(node.NVML), MPS: daemons,
+		Settings: gpuset.New(node.NVML), MPS: daemons, IMEX: imexes,
 		ClaimEnv: domain.MemberEnv, Shared: shared, HostNodes: hostNodes,
 	})
 	if err != nil {
@@ -210,7 +218,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		server.Stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, registered: registered, registrationWait: o.RegistrationWait}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, imex: imexDaemons, registered: registered, registrationWait: o.RegistrationWait}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 )
 
 // staleInterval is how often prepared claims are checked against the API.
@@ -29,7 +31,7 @@ const staleInterval = time.Minute
 func (p *Plugin) unprepareStale(ctx context.Context, client kubernetes.Interface) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		p.sweepClaims(ctx, client)
-		p.sweepMPS(ctx)
+		p.sweepDaemons(ctx)
 	}, staleInterval)
 }
 
@@ -64,32 +66,45 @@ func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
 	}
 }
 
-// sweepMPS deletes MPS daemons of this node whose claims it no longer holds
-// (a checkpoint lost, or a daemon not stopped while the API was away). The
-// daemons are listed before the claims are read, so that a daemon started
-// after the read cannot be among them, and each is stopped under its claim's
-// lock only if the claim still holds none (prepare.Manager.StopOrphanDaemon).
-func (p *Plugin) sweepMPS(ctx context.Context) {
-	if p.mps == nil {
-		return
+// sweepDaemons deletes the MPS and IMEX daemons of this node whose claims
+// it no longer holds (a checkpoint lost, or a daemon not stopped while the
+// API was away). The daemons are listed before the claims are read, so that
+// a daemon started after the read cannot be among them, and each is stopped
+// under its claim's lock only if the claim still holds none
+// (prepare.Manager.StopOrphanDaemon, StopOrphanIMEX).
+func (p *Plugin) sweepDaemons(ctx context.Context) {
+	type kind struct {
+		name  string
+		list  func(context.Context) ([]string, error)
+		holds func(checkpoint.Claim) bool
+		stop  func(context.Context, string) (bool, error)
+	}
+	var kinds []kind
+	if p.mps != nil {
+		kinds = append(kinds, kind{"MPS", p.mps.Claims, func(c checkpoint.Claim) bool { return c.MPS != nil }, p.driver.claims.StopOrphanDaemon})
+	}
+	if p.imex != nil {
+		kinds = append(kinds, kind{"IMEX", p.imex.Claims, func(c checkpoint.Claim) bool { return c.IMEX != nil }, p.driver.claims.StopOrphanIMEX})
 	}
 	logger := klog.FromContext(ctx)
-	daemons, err := p.mps.Claims(ctx)
-	if err != nil {
-		logger.Error(err, "Cannot sweep MPS daemons; retrying later")
-		return
-	}
-	held, err := p.driver.claims.Snapshot(ctx)
-	if err != nil {
-		logger.Error(err, "Cannot sweep MPS daemons; retrying later")
-		return
-	}
-	for _, uid := range daemons {
-		if c, ok := held[types.UID(uid)]; ok && c.MPS != nil {
+	for _, k := range kinds {
+		daemons, err := k.list(ctx)
+		if err != nil {
+			logger.Error(err, "Cannot sweep daemons; retrying later", "daemon", k.name)
 			continue
 		}
-		if _, err := p.driver.claims.StopOrphanDaemon(ctx, uid); err != nil {
-			logger.Error(err, "Cannot sweep MPS daemons; retrying later")
+		held, err := p.driver.claims.Snapshot(ctx)
+		if err != nil {
+			logger.Error(err, "Cannot sweep daemons; retrying later", "daemon", k.name)
+			continue
+		}
+		for _, uid := range daemons {
+			if c, ok := held[types.UID(uid)]; ok && k.holds(c) {
+				continue
+			}
+			if _, err := k.stop(ctx, uid); err != nil {
+				logger.Error(err, "Cannot sweep daemons; retrying later", "daemon", k.name)
+			}
 		}
 	}
 }

@@ -19,10 +19,15 @@ import (
 // GPU claim's, and keeps one whose claim is prepared.
 
 // PrepareDomain prepares a gang domain claim with prepare (the domain
-// preparer, which writes the claim's spec and nothing else) and records it
-// as prepared. There is no started mark to wait for: a crash before the
+// preparer, which writes the claim's spec and nothing else), starts the
+// node's IMEX daemon for it when it needs one, and records it as prepared.
+// Without a daemon there is no started mark to wait for: a crash before the
 // record leaves only the spec, which the next start removes as an orphan,
-// and the kubelet's retry prepares the claim afresh.
+// and the kubelet's retry prepares the claim afresh. A daemon's location is
+// recorded before it is started (PrepareStarted, or on the completed record
+// of a claim prepared before it had one), so that a crash at any step can
+// stop it; a daemon that does not become ready fails the prepare, naming
+// why, and the kubelet retries.
 func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.ResourceClaim, prepare func(context.Context, *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error)) ([]kubeletplugin.Device, error) {
 	uid := claim.UID
 	ref := claimRef(claim.Namespace, claim.Name)
@@ -32,30 +37,70 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	}
 	defer unlock()
 
-	var rec checkpoint.Claim
-	var ok bool
-	err = m.locked(ctx, func() error {
-		m.mu.Lock()
-		rec, ok = m.data.Claims[string(uid)]
-		m.mu.Unlock()
-		return nil
-	})
+	read := func() (rec checkpoint.Claim, ok bool, err error) {
+		err = m.locked(ctx, func() error {
+			m.mu.Lock()
+			rec, ok = m.data.Claims[string(uid)]
+			m.mu.Unlock()
+			return nil
+		})
+		return rec, ok, err
+	}
+	rec, ok, err := read()
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
+	}
+	if ok && rec.Phase == checkpoint.UnprepareStarted {
+		// An unprepare that did not finish: finish it before preparing
+		// afresh, so its daemon is not taken for this prepare's.
+		if _, err := m.unprepareHeld(ctx, uid, nil); err != nil {
+			return nil, err
+		}
+		if rec, ok, err = read(); err != nil {
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
 	}
 	if ok && !rec.Domain && len(rec.Devices) > 0 {
 		return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated gang domain devices; unprepare it first", ref, names(rec.Devices))
 	}
+	var daemon *checkpoint.Daemon
+	if m.needsIMEX(claim) {
+		at := m.cfg.IMEX.Locate(string(uid))
+		daemon = &at
+		if !ok || rec.IMEX == nil {
+			phase := checkpoint.PrepareStarted
+			if ok && rec.Phase == checkpoint.PrepareCompleted {
+				phase = checkpoint.PrepareCompleted
+			}
+			err = m.locked(ctx, func() error {
+				m.mu.Lock()
+				m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: phase, Domain: true, IMEX: daemon}
+				v := m.changed()
+				m.mu.Unlock()
+				return m.persist(v)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("claim %s: %w", ref, err)
+			}
+			rec, ok = checkpoint.Claim{Phase: phase, Domain: true, IMEX: daemon}, true
+			failpoint(fpPrepareStarted)
+		}
+	}
 	devs, err := prepare(ctx, claim)
 	if err != nil {
 		return nil, err
+	}
+	if daemon != nil {
+		if err := m.startIMEX(ctx, claim, *daemon); err != nil {
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
 	}
 	if ok && rec.Domain && rec.Phase == checkpoint.PrepareCompleted {
 		return devs, nil
 	}
 	err = m.locked(ctx, func() error {
 		m.mu.Lock()
-		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true}
+		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true, IMEX: daemon}
 		v := m.changed()
 		m.mu.Unlock()
 		return m.persist(v)
@@ -63,6 +108,7 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
+	failpoint(fpPrepareCompleted)
 	return devs, nil
 }
 
@@ -85,7 +131,14 @@ func (m *Manager) recordDomainSpecs(ctx context.Context, data *checkpoint.Data) 
 			continue
 		}
 		logger.Info("Recording a gang domain claim from its CDI spec", "claim", klog.KRef(s.ClaimNamespace, s.ClaimName), "uid", s.ClaimUID)
-		data.Claims[s.ClaimUID] = checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted, Domain: true}
+		rec := checkpoint.Claim{Namespace: s.ClaimNamespace, Name: s.ClaimName, Phase: checkpoint.PrepareCompleted, Domain: true}
+		if m.cfg.IMEX != nil {
+			// The claim may have a daemon (an NVLink domain's): its
+			// unprepare stops it, and stopping none succeeds.
+			at := m.cfg.IMEX.Locate(s.ClaimUID)
+			rec.IMEX = &at
+		}
+		data.Claims[s.ClaimUID] = rec
 	}
 	data.DomainClaims = true
 }

@@ -12,10 +12,12 @@ const (
 	fpMIGCreate          = "after-mig-create"            // a claim's MIG partition exists, not yet recorded beyond its placement
 	fpMPSStart           = "after-mps-start"             // a claim's MPS daemon serves, its location recorded
 	fpCDIWrite           = "after-cdi-write"             // the claim's CDI spec is on disk
+	fpIMEXStart          = "after-imex-start"            // a domain claim's IMEX daemon is ready, its location recorded
 	fpPrepareCompleted   = "after-prepare-completed"     // PrepareCompleted mark persisted
 	fpUnprepareStarted   = "after-unprepare-started"     // UnprepareStarted mark persisted
 	fpCDIRemove          = "after-cdi-remove"            // the claim's CDI spec is gone
 	fpMPSStop            = "after-mps-stop"              // a claim's MPS daemon is stopped (also reached by rollbacks)
+	fpIMEXStop           = "after-imex-stop"             // a domain claim's IMEX daemon is stopped (also reached by rollbacks)
 	fpMIGDestroy         = "after-mig-destroy"           // one recorded MIG partition is gone (also reached by rollbacks)
 	fpSettingRestore     = "after-gpu-setting-restore"   // a GPU setting is back at its original, the record not yet dropped
 	fpUnprepareCompleted = "after-unprepare-completed"   // the claim has left the checkpoint, on disk

@@ -279,7 +279,7 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpCDIRemove)
-	if err := m.stopMPS(ctx, c); err != nil {
+	if err := m.stopDaemons(ctx, c); err != nil {
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	if err := m.destroyPartitions(ctx, c.Devices); err != nil {
@@ -314,6 +314,24 @@ func (m *Manager) StopOrphanDaemon(ctx context.Context, claimUID string) (bool, 
 	if m.cfg.MPS == nil {
 		return false, nil
 	}
+	return m.stopOrphan(ctx, claimUID, "MPS daemon", func(c checkpoint.Claim) bool { return c.MPS != nil }, func() error {
+		return m.cfg.MPS.Stop(ctx, m.cfg.MPS.Locate(claimUID))
+	})
+}
+
+// StopOrphanIMEX is StopOrphanDaemon for IMEX daemons.
+func (m *Manager) StopOrphanIMEX(ctx context.Context, claimUID string) (bool, error) {
+	if m.cfg.IMEX == nil {
+		return false, nil
+	}
+	return m.stopOrphan(ctx, claimUID, "IMEX daemon", func(c checkpoint.Claim) bool { return c.IMEX != nil }, func() error {
+		return m.cfg.IMEX.Stop(ctx, m.cfg.IMEX.Locate(claimUID))
+	})
+}
+
+// stopOrphan runs stop under the claim's lock unless the claim's record
+// holds the daemon (holds).
+func (m *Manager) stopOrphan(ctx context.Context, claimUID, what string, holds func(checkpoint.Claim) bool, stop func() error) (bool, error) {
 	unlock, err := m.lockClaim(types.UID(claimUID))
 	if err != nil {
 		return false, fmt.Errorf("claim %s: %w", claimUID, err)
@@ -324,24 +342,24 @@ func (m *Manager) StopOrphanDaemon(ctx context.Context, claimUID string) (bool, 
 		m.mu.Lock()
 		c, ok := m.data.Claims[claimUID]
 		m.mu.Unlock()
-		held = ok && c.MPS != nil
+		held = ok && holds(c)
 		return nil
 	})
 	if err != nil || held {
 		return false, err
 	}
-	klog.FromContext(ctx).Info("Deleting an MPS daemon no prepared claim owns", "claimUID", claimUID)
-	if err := m.cfg.MPS.Stop(ctx, m.cfg.MPS.Locate(claimUID)); err != nil {
-		return false, fmt.Errorf("claim %s: MPS daemon: %w", claimUID, err)
+	klog.FromContext(ctx).Info("Deleting a daemon no prepared claim owns", "daemon", what, "claimUID", claimUID)
+	if err := stop(); err != nil {
+		return false, fmt.Errorf("claim %s: %s: %w", claimUID, what, err)
 	}
 	return true, nil
 }
 
 // undoable reports whether preparing the claim changes the node in ways only
 // its checkpoint record can undo after a crash: MIG partitions, GPU settings,
-// an MPS daemon.
+// an MPS or IMEX daemon.
 func undoable(c checkpoint.Claim) bool {
-	if c.MPS != nil {
+	if c.MPS != nil || c.IMEX != nil {
 		return true
 	}
 	for _, d := range c.Devices {

@@ -57,6 +57,8 @@ type env struct {
 	// daemons (nil: none).
 	share func(discovery.GPU) inventory.Share
 	mps   prepare.MPSDaemons
+	// imex runs IMEX daemons (Config.IMEX); nil runs none.
+	imex prepare.IMEXDaemons
 	// rolling makes each Manager one of two instances of a rolling update
 	// (Config.Shared).
 	rolling bool
@@ -101,7 +103,7 @@ func (e *env) config() prepare.Config {
 	inv := inventory.Build(e.gpus, inventory.Options{DynamicMIG: e.dynamicMIG, Sharing: e.share})
 	cfg := prepare.Config{DriverName: driverName, PoolName: nodeName, Inventory: inv, MIG: e.mig, CDI: store, DomainCDI: domains, Checkpoint: ck, DevNodes: dev, DriverEdits: files.Edits, BootID: e.bootID,
 		HostNodes: &hostnodes.Nodes{Dir: filepath.Join(e.dataDir, "device-nodes"), Maker: e.node.Nodes, DevRoot: dev.DevRoot},
-		Settings:  gpuset.New(e.node.NVML), MPS: e.mps}
+		Settings:  gpuset.New(e.node.NVML), MPS: e.mps, IMEX: e.imex}
 	if e.rolling {
 		cfg.Shared = nodelock.New(e.dataDir)
 	}

@@ -36,14 +36,20 @@
 //     which only observe). A claim asking for a device another claim holds is
 //     refused, naming the holder: the driver is the last line of defence when
 //     the scheduler double-allocates.
-//   - A gang domain claim (PrepareDomain, domain.go) holds nothing on the
-//     node; only its CDI spec, of the domain class. It is recorded
-//     PrepareCompleted, without devices, after its spec is written (no
-//     started mark, as for any claim that only writes a spec), so that a
-//     restart removes a domain spec no checkpointed claim owns, like a GPU
-//     claim's, and never one whose claim is prepared. A checkpoint that
-//     predates these records (Data.DomainClaims unset) adopts the domain
-//     specs of this boot instead of removing them.
+//   - A gang domain claim (PrepareDomain, domain.go) holds no device on
+//     the node: its CDI spec, of the domain class, and on an NVLink domain
+//     the node's IMEX daemon for it (when the plugin runs them). Without a
+//     daemon it is recorded PrepareCompleted, without devices, after its
+//     spec is written (no started mark, as for any claim that only writes
+//     a spec), so that a restart removes a domain spec no checkpointed
+//     claim owns, like a GPU claim's, and never one whose claim is
+//     prepared. With a daemon, the daemon's location is recorded with a
+//     PrepareStarted mark before it is started, like an MPS daemon's, and
+//     the claim is unprepared in two steps. A checkpoint that predates
+//     these records (Data.DomainClaims unset) adopts the domain specs of
+//     this boot instead of removing them (with their daemons' locations
+//     when the plugin runs IMEX daemons: stopping a daemon never started
+//     succeeds).
 //   - Claims never wait for each other except for a shared map update and
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
@@ -152,6 +158,9 @@ type Config struct {
 	Settings GPUSettings
 	// MPS runs MPS control daemons; nil refuses claims asking for MPS.
 	MPS MPSDaemons
+	// IMEX runs the IMEX daemons of gang domain claims on NVLink domains;
+	// nil runs none (the node's operator runs IMEX).
+	IMEX IMEXDaemons
 	// ClaimEnv, if set, adds environment for every container given the
 	// claim (the gang controller's rank and size, read from the claim's
 	// annotations). An error fails the prepare.
@@ -233,9 +242,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	for _, c := range r.daemons {
-		if err := m.stopMPS(ctx, c); err != nil {
+		if err := m.stopDaemons(ctx, c); err != nil {
 			// Not fatal: the daemon sweep finds it once the API answers.
-			klog.FromContext(ctx).Error(err, "MPS daemon of an interrupted claim not stopped", "claim", klog.KRef(c.Namespace, c.Name))
+			klog.FromContext(ctx).Error(err, "Daemon of an interrupted claim not stopped", "claim", klog.KRef(c.Namespace, c.Name))
 		}
 	}
 	return m, nil
@@ -315,7 +324,7 @@ func (m *Manager) recover(ctx context.Context, r *recovered) error {
 		if err := m.removeSpecs(uid); err != nil {
 			return err
 		}
-		if c.MPS != nil {
+		if c.MPS != nil || c.IMEX != nil {
 			r.daemons = append(r.daemons, c)
 		}
 		if err := m.destroyPartitions(ctx, c.Devices); err != nil {
