@@ -31,6 +31,8 @@ import (
 	"k8s.io/klog/v2"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
+	"github.com/tessera-dev/tessera/driver/imex"
 )
 
 // Options configure the gang controller.
@@ -47,6 +49,10 @@ type Options struct {
 	// its claims is allocated to another claim too, before the gang is
 	// placed again; zero is a minute.
 	UnschedulableGrace time.Duration
+	// IMEXDaemons says the kubelet plugins run IMEX daemons for NVLink
+	// domain claims (their --imex-image): the controller reports them on
+	// each gang placed in an NVLink domain (condition IMEXReady).
+	IMEXDaemons bool
 	// Interrupt, for tests only, is asked at each Step*; returning true
 	// stops the placement there without rollback, as a crash would, and
 	// stops the controller.
@@ -84,6 +90,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			pods: pods.Lister(), claims: claims.Lister(), nodes: nodes.Lister(),
 			recorder: recorder, interrupt: opts.Interrupt, metrics: opts.Metrics,
 			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
+			imex:               opts.IMEXDaemons,
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
@@ -219,6 +226,10 @@ func (c *Controller) podChanged(obj any) {
 	}
 	p, ok := obj.(*v1.Pod)
 	if !ok {
+		return
+	}
+	if p.Labels[daemonpod.LabelApp] == imex.AppName {
+		c.imexChanged(p)
 		return
 	}
 	c.mu.Lock()

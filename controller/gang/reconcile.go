@@ -51,6 +51,8 @@ type reconciler struct {
 	metrics   *Metrics
 	// unschedulableGrace: see Options.UnschedulableGrace.
 	unschedulableGrace time.Duration
+	// imex: see Options.IMEXDaemons.
+	imex bool
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -194,7 +196,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		r.metrics.attempt("nofit")
 		return result{}, nil
 	}
-	ws := writes(g, v, p)
+	ws := writes(g, v, p, nodes)
 	// The scheduler goes on allocating while the search runs: check the plan
 	// against the claims as they are now before writing anything. The
 	// re-check after the writes undoes a double allocation, but the undoing
@@ -366,6 +368,9 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 			device = domainOf(v)
 		}
 		placed(st, g.Generation, device, nodes, len(in), r.spreadNotMet(g, nodes))
+		if r.imex {
+			r.imexStatus(g, v, st)
+		}
 		if running == len(in) {
 			setCondition(st, g.Generation, gangv1.ConditionRunning, true, gangv1.ReasonRunning, fmt.Sprintf("all %d live members run", running))
 		} else {

@@ -43,15 +43,17 @@ type claimWrite struct {
 	annotations map[string]string
 }
 
-// writes lists every claim write of a plan: the domain claim first.
-func writes(g *gangv1.Gang, v *view, p *plan) []claimWrite {
+// writes lists every claim write of a plan: the domain claim first, with
+// the placement's nodes and their addresses (for the nodes' IMEX daemons).
+func writes(g *gangv1.Gang, v *view, p *plan, nodes map[string]*v1.Node) []claimWrite {
 	var out []claimWrite
 	if p.domainAlloc != nil {
 		var pods []*v1.Pod
 		for _, m := range v.live {
 			pods = append(pods, m.pod)
 		}
-		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, pods: pods})
+		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, pods: pods,
+			annotations: map[string]string{gangv1.AnnotationNodes: gangv1.FormatNodes(placementNodes(p.nodes, nodes))}})
 	}
 	for i, m := range v.live {
 		for j, c := range m.claims {
@@ -59,6 +61,31 @@ func writes(g *gangv1.Gang, v *view, p *plan) []claimWrite {
 				annotations: m.annotations()})
 		}
 	}
+	return out
+}
+
+// placementNodes are the distinct nodes of a placement, sorted, each with
+// its first InternalIP ("" when it has none).
+func placementNodes(names []string, nodes map[string]*v1.Node) []gangv1.Node {
+	set := map[string]bool{}
+	var out []gangv1.Node
+	for _, name := range names {
+		if set[name] {
+			continue
+		}
+		set[name] = true
+		n := gangv1.Node{Name: name}
+		if node := nodes[name]; node != nil {
+			for _, a := range node.Status.Addresses {
+				if a.Type == v1.NodeInternalIP {
+					n.Address = a.Address
+					break
+				}
+			}
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 

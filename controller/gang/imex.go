@@ -1,0 +1,98 @@
+package gang
+
+import (
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
+	"github.com/tessera-dev/tessera/driver/domain"
+	"github.com/tessera-dev/tessera/driver/imex"
+)
+
+// imexStatus sets the gang's IMEXReady condition when its domain claim is
+// allocated in an NVLink domain: true when every node of the placement
+// (the claim's gang.tessera.dev/nodes) has its IMEX daemon pod for the
+// claim ready, false naming the nodes whose daemon is missing or not ready.
+// The kubelet plugins start the daemons while preparing the claim, so a
+// member cannot run on a node whose daemon never became ready; this
+// condition shows a daemon that failed later, or one still starting.
+func (r *reconciler) imexStatus(g *gangv1.Gang, v *view, st *gangv1.GangStatus) {
+	c := v.domainClaim
+	if c == nil || c.Status.Allocation == nil || !nvlink(c.Status.Allocation.Devices.Results, r.driver) {
+		return
+	}
+	nodes, err := gangv1.ParseNodes(c.Annotations[gangv1.AnnotationNodes])
+	if err != nil || len(nodes) == 0 {
+		msg := fmt.Sprintf("the domain claim %s/%s does not list the placement's nodes (annotation %s), so no IMEX daemon can be configured", c.Namespace, c.Name, gangv1.AnnotationNodes)
+		setCondition(st, g.Generation, gangv1.ConditionIMEXReady, false, gangv1.ReasonIMEXNotReady, msg)
+		return
+	}
+	sel := labels.SelectorFromSet(labels.Set{daemonpod.LabelApp: imex.AppName, daemonpod.LabelClaimUID: string(c.UID)})
+	pods, _ := r.pods.List(sel)
+	byNode := map[string]*v1.Pod{}
+	for _, p := range pods {
+		if p.DeletionTimestamp == nil {
+			byNode[p.Spec.NodeName] = p
+		}
+	}
+	var bad []string
+	for _, n := range nodes {
+		p := byNode[n.Name]
+		switch {
+		case p == nil:
+			bad = append(bad, n.Name+" (no daemon)")
+		case !podReady(p):
+			bad = append(bad, fmt.Sprintf("%s (daemon %s/%s not ready)", n.Name, p.Namespace, p.Name))
+		}
+	}
+	if len(bad) > 0 {
+		setCondition(st, g.Generation, gangv1.ConditionIMEXReady, false, gangv1.ReasonIMEXNotReady,
+			fmt.Sprintf("IMEX daemons ready on %d of %d nodes; not on %s", len(nodes)-len(bad), len(nodes), strings.Join(bad, ", ")))
+		return
+	}
+	setCondition(st, g.Generation, gangv1.ConditionIMEXReady, true, gangv1.ReasonIMEXReady,
+		fmt.Sprintf("IMEX daemons ready on all %d nodes", len(nodes)))
+}
+
+// nvlink says whether a result of driver lies in an NVLink domain's pool.
+func nvlink(results []resourceapi.DeviceRequestAllocationResult, driver string) bool {
+	for _, r := range results {
+		if kind, _, ok := domain.ParsePool(r.Pool); ok && kind == domain.KindNVLink && r.Driver == driver {
+			return true
+		}
+	}
+	return false
+}
+
+func podReady(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// imexChanged enqueues the gang of the domain claim an IMEX daemon pod
+// serves, so that its IMEXReady condition follows the daemon.
+func (c *Controller) imexChanged(p *v1.Pod) {
+	ns, name, ok := strings.Cut(p.Annotations[daemonpod.AnnotationClaim], "/")
+	if !ok {
+		return
+	}
+	claim, err := c.r.getClaim(ns, name)
+	if err != nil || string(claim.UID) != p.Labels[daemonpod.LabelClaimUID] {
+		return
+	}
+	if gang := claim.Annotations[gangv1.AnnotationGang]; gang != "" {
+		if _, _, err := cache.SplitMetaNamespaceKey(gang); err == nil {
+			c.queue.Add(gang)
+		}
+	}
+}

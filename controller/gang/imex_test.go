@@ -1,0 +1,81 @@
+package gang
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
+	"github.com/tessera-dev/tessera/driver/imex"
+)
+
+// A gang placed across two trays of one clique: its domain claim lists
+// both nodes with their InternalIPs, which the nodes' IMEX daemons are
+// configured with, and the gang's IMEXReady condition follows the daemon
+// pods the plugins run for the claim (labelled with its UID).
+func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "a2": 1})
+	nodes["a1"].Status.Addresses = []v1.NodeAddress{{Type: v1.NodeHostName, Address: "a1"}, {Type: v1.NodeInternalIP, Address: "10.0.0.1"}}
+	nodes["a2"].Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}, {Type: v1.NodeInternalIP, Address: "10.9.9.9"}}
+	f := newFakeCluster(t, snap, nodes)
+	f.r.imex = true
+	f.create(newClaim("domain", "domain.gpu.tessera.dev", 1))
+	for _, name := range []string{"m-0", "m-1"} {
+		f.member(name, map[string]string{"gang": "g"}, 4) // a whole tray each
+	}
+	if _, err := f.r.gangs.Create(f.ctx, labelGangOf("g", 2, "domain")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	domain := f.claim("ml", "domain")
+	if got := domain.Annotations[gangv1.AnnotationNodes]; got != "a1=10.0.0.1,a2=10.0.0.2" {
+		t.Fatalf("domain claim's nodes %q, want both trays with their first InternalIP", got)
+	}
+	for _, name := range []string{"m-0", "m-1"} {
+		p := f.pod("ml", name)
+		p.Spec.NodeName = pinnedTo(p)
+		p.Status.Phase = v1.PodRunning
+		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	imexReady := func() *metav1.Condition {
+		t.Helper()
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(f.gang("ml", "g").Status.Conditions, gangv1.ConditionIMEXReady)
+	}
+	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "a1 (no daemon), a2 (no daemon)") {
+		t.Fatalf("IMEXReady before any daemon: %+v, want false naming both nodes", c)
+	}
+	daemon := func(node string, ready v1.ConditionStatus) {
+		p := &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "tessera-imex-" + string(domain.UID) + "-" + node, Namespace: "tessera-system",
+				Labels:      map[string]string{daemonpod.LabelApp: imex.AppName, daemonpod.LabelNode: node, daemonpod.LabelClaimUID: string(domain.UID)},
+				Annotations: map[string]string{daemonpod.AnnotationClaim: "ml/domain"}},
+			Spec:   v1.PodSpec{NodeName: node},
+			Status: v1.PodStatus{Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: ready}}},
+		}
+		if err := f.client.Tracker().Add(p); err != nil {
+			if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	daemon("a1", v1.ConditionTrue)
+	daemon("a2", v1.ConditionFalse)
+	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ready on 1 of 2 nodes; not on a2 (daemon tessera-system/") {
+		t.Fatalf("IMEXReady with a2's daemon not ready: %+v", c)
+	}
+	daemon("a2", v1.ConditionTrue)
+	if c := imexReady(); c == nil || c.Status != metav1.ConditionTrue || c.Reason != gangv1.ReasonIMEXReady {
+		t.Fatalf("IMEXReady with both daemons ready: %+v, want true", c)
+	}
+}
