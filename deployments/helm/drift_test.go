@@ -36,6 +36,7 @@ func embeddedManifests(t *testing.T) map[string][]byte {
 		"deployments/rbac/kubelet-plugin.yaml":         rbac.KubeletPlugin,
 		"deployments/rbac/node-lock.yaml":              rbac.NodeLock,
 		"deployments/rbac/mps-lock.yaml":               rbac.MPSLock,
+		"deployments/rbac/imex-lock.yaml":              rbac.IMEXLock,
 		"deployments/rbac/controller.yaml":             rbac.Controller,
 		"deployments/webhook/webhook.yaml":             webhookconfig.Configuration,
 		"deployments/crds/gang.tessera.dev_gangs.yaml": crds.Gang,

@@ -26,8 +26,8 @@ import (
 
 // TestNodeLockMatchesThePluginsServiceAccount: in every combination each
 // admission policy matches exactly the user its component's pods run as
-// (the service account in the release namespace): the node-lock and MPS-lock
-// policies the DaemonSet's, the controller's policies the controller
+// (the service account in the release namespace): the node-lock, MPS-lock
+// and IMEX-lock policies the DaemonSet's, the controller's policies the controller
 // Deployment's (rendered only with it); each is bound to deny; and the
 // accounts exist and are bound to their roles. A policy that names another
 // account never applies, and nothing would notice (the NVIDIA chart's #1317).
@@ -39,6 +39,7 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 		want := map[string]string{ // policy -> user it must match
 			"tessera-kubelet-plugin-node-lock": pluginUser,
 			"tessera-kubelet-plugin-mps-lock":  pluginUser,
+			"tessera-kubelet-plugin-imex-lock": pluginUser,
 		}
 		checkAccountBound(t, c.Name, r, ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName, "tessera-kubelet-plugin", "tessera-kubelet-plugin-mps")
 		for _, d := range find[*appsv1.Deployment](r) {
@@ -62,7 +63,18 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 				continue
 			}
 			conds := vap.Spec.MatchConditions
-			if len(conds) != 1 || conds[0].Expression != fmt.Sprintf("request.userInfo.username == %q", user) {
+			// The pod locks split the plugin's pod requests between
+			// them by one more condition each (IMEX daemons or not),
+			// complementary: every request meets exactly one
+			// (TestHelmChartAppliesOnTheAPIServer holds both).
+			wantConds := 1
+			if split, ok := podLockSplit[vap.Name]; ok {
+				wantConds = 2
+				if len(conds) == 2 && conds[1].Name != split {
+					t.Errorf("%s: policy %s's second match condition is %s, want %s", c.Name, vap.Name, conds[1].Name, split)
+				}
+			}
+			if len(conds) != wantConds || conds[0].Expression != fmt.Sprintf("request.userInfo.username == %q", user) {
 				t.Errorf("%s: policy %s matches %+v, want exactly the user %s", c.Name, vap.Name, conds, user)
 			}
 			if !slices.Equal(bindings[vap.Name], []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
@@ -74,6 +86,13 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 			t.Errorf("%s: policies rendered %v, want %v", c.Name, got, wantNames)
 		}
 	}
+}
+
+// podLockSplit names the condition by which each pod-lock policy takes its
+// share of the plugin's pod requests.
+var podLockSplit = map[string]string{
+	"tessera-kubelet-plugin-mps-lock":  "not-an-imex-daemon",
+	"tessera-kubelet-plugin-imex-lock": "is-an-imex-daemon",
 }
 
 func serviceAccountUser(namespace, name string) string {

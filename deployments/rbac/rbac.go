@@ -22,6 +22,14 @@ var NodeLock []byte
 //go:embed mps-lock.yaml
 var MPSLock []byte
 
+// IMEXLock is the ValidatingAdmissionPolicy that lets the kubelet plugin's
+// pod rights run, besides MPS daemons, nothing but its node's IMEX daemons
+// (driver/imex), with the chart's default image, data directory, driver
+// root and port.
+//
+//go:embed imex-lock.yaml
+var IMEXLock []byte
+
 // Namespace and ServiceAccount the kubelet plugin runs as.
 const (
 	Namespace            = "tessera-system"

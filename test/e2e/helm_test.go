@@ -85,6 +85,7 @@ func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
 
 		checkNodeLock(ctx, t, c, combo.Name, combo.Release.Namespace)
 		checkMPSLock(ctx, t, c, combo.Name, combo.Release.Namespace, manifests)
+		checkIMEXLock(ctx, t, c, combo.Name, combo.Release.Namespace, manifests)
 		if rendersController(t, manifests) {
 			checkControllerLock(ctx, t, c, combo.Name, combo.Release.Namespace)
 		}

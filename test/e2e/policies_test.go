@@ -24,6 +24,8 @@ import (
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
+	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -488,5 +490,117 @@ func forceDeletePods(ctx context.Context, t *testing.T, admin kubernetes.Interfa
 	err := admin.CoreV1().Pods(namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Errorf("delete pods %s in %s: %v", selector, namespace, err)
+	}
+}
+
+// checkIMEXLock creates IMEX daemon pods as the chart's kubelet-plugin
+// service account in namespace, with a token bound to node-a, as the
+// plugin does for a gang's NVLink domain claim (driver/imex). The pod built
+// from the DaemonSet's own flags (image, data directory, driver root, port)
+// is accepted and can be deleted; the same pod on node-b, with a token,
+// another image, command or port, an extra host port, the host's PID
+// namespace, a further host path or another claim's directory, a writable
+// configuration, an exec readiness probe or a preloaded library is refused
+// by the chart's IMEX-lock policy, and so is deleting node-b's daemon. A pod
+// labelled as an IMEX daemon cannot dodge the policies by its label: one
+// shaped like an MPS daemon but labelled tessera-imex is refused too.
+func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string, manifests []helm.Manifest) {
+	t.Helper()
+	admin := c.Client()
+	o := pluginOptions(t, combo, manifests)
+	if o.IMEXImage == "" {
+		t.Errorf("%s: the DaemonSet runs no IMEX daemons (no --imex-image), though kubeletPlugin.imex.enabled defaults to true", combo)
+		return
+	}
+	root := o.Node.DriverRoot
+	if o.Node.HostDriverRoot != "" {
+		root = o.Node.HostDriverRoot
+	}
+	if o.Node.FakeNode != "" {
+		root = o.Node.FakeRoot
+	}
+	daemonPod := func(node string, n int) *corev1.Pod {
+		d := &imex.Daemons{Namespace: namespace, NodeName: node, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: root, Port: o.IMEXPort}
+		uid := fmt.Sprintf("0f1e2d3c-0000-4000-9000-%012d", n)
+		return d.Pod(prepare.IMEXDaemon{Daemon: d.Locate(uid), ClaimUID: uid, ClaimNamespace: "default", ClaimName: "train-domain"}, "10.0.0.1,10.0.0.2")
+	}
+	if err := c.CreateNamespace(ctx, namespace); err != nil {
+		t.Fatal(err)
+	}
+	pods := tokenClient(ctx, t, c, namespace, rbac.KubeletPluginAccount, "node-a").CoreV1().Pods(namespace)
+	defer forceDeletePods(ctx, t, admin, namespace, daemonpod.LabelApp+"="+imex.AppName)
+	create := func(p *corev1.Pod) error {
+		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
+		if err == nil {
+			_ = admin.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}
+		return err
+	}
+	err := refusedOnceLoaded(ctx, func(int) error {
+		_, err := pods.Create(ctx, daemonPod("node-b", 1), metav1.CreateOptions{})
+		return err
+	}, func(int) {
+		_ = admin.CoreV1().Pods(namespace).Delete(ctx, daemonPod("node-b", 1).Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	if !strings.Contains(fmt.Sprint(err), "may only run and delete IMEX daemon pods on its own node") {
+		t.Errorf("%s: the plugin's account in %s, bound to node-a, ran an IMEX daemon pod on node-b or was refused for another reason: %v", combo, namespace, err)
+		return
+	}
+	port := int32(o.IMEXPort)
+	variants := []struct {
+		name, want string
+		mutate     func(*corev1.Pod)
+	}{
+		{"a service-account token", "without a token", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
+		{"another image", "runs the chart's IMEX image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "docker.io/library/busybox:1.37" }},
+		{"another command", "nvidia-imex -c", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Command = []string{"/driver-root/bin/sh", "-c", "cat /driver-root/etc/shadow"}
+		}},
+		{"an exec readiness probe", "nvidia-imex -c", func(p *corev1.Pod) {
+			p.Spec.Containers[0].ReadinessProbe.ProbeHandler = corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh"}}}
+		}},
+		{"a preloaded library", "nvidia-imex -c", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/etc/nvidia-imex/x.so"})
+		}},
+		{"another port", "its one port", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports[0].HostPort = 22
+			p.Spec.Containers[0].Ports[0].ContainerPort = 22
+		}},
+		{"a second host port", "its one port", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: 2379, HostPort: 2379})
+		}},
+		{"the host's PID namespace", "no PID or IPC namespace", func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		{"another claim's directory", "mounts only host directories", func(p *corev1.Pod) {
+			p.Name = "tessera-imex-0f1e2d3c-0000-4000-9000-999999999999-node-a"
+		}},
+		{"a further host path", "mounts only host directories", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc", Type: ptr.To(corev1.HostPathDirectory)}}})
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "etc", MountPath: "/host-etc", ReadOnly: true})
+		}},
+		{"a writable configuration", "read-only", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].ReadOnly = false }},
+		{"an MPS daemon's shape", "nvidia-imex -c", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Command = []string{"/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"}
+		}},
+	}
+	for i, v := range variants {
+		p := daemonPod("node-a", 100+i)
+		v.mutate(p)
+		expectRefusal(t, fmt.Sprintf("%s: an IMEX daemon pod on node-a with %s", combo, v.name), create(p), v.want)
+	}
+	own := daemonPod("node-a", 2)
+	if own.Spec.Containers[0].Ports[0].HostPort != port {
+		t.Fatalf("%s: driver/imex built a pod with host port %d, the DaemonSet says %d", combo, own.Spec.Containers[0].Ports[0].HostPort, port)
+	}
+	if _, err := pods.Create(ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Errorf("%s: the plugin's account, bound to node-a, cannot create the IMEX daemon pod driver/imex builds: %v", combo, err)
+		return
+	}
+	theirs := daemonPod("node-b", 3)
+	if _, err := admin.CoreV1().Pods(namespace).Create(ctx, theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": deleting node-b's IMEX daemon from node-a", pods.Delete(ctx, theirs.Name, metav1.DeleteOptions{}), "on its own node")
+	if err := pods.Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("%s: the plugin's account cannot delete its own node's IMEX daemon pod: %v", combo, err)
 	}
 }

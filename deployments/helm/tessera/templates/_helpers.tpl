@@ -51,7 +51,15 @@ kubelet plugin's pod policy lets a node run.
 {{- end }}
 
 {{/*
-The host directory the plugin passes MPS daemons as their driver root: the
+The image of IMEX daemon pods (--imex-image): the only image the plugin's
+IMEX-lock policy lets a node run as one.
+*/}}
+{{- define "tessera.kubeletPlugin.imexImage" -}}
+{{ .Values.kubeletPlugin.imex.image | default (include "tessera.image" .) }}
+{{- end }}
+
+{{/*
+The host directory the plugin passes MPS and IMEX daemons as their driver root: the
 driver root, or a fake node's files under the data directory (--fake-root).
 */}}
 {{- define "tessera.kubeletPlugin.mpsDriverRoot" -}}
