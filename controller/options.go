@@ -41,6 +41,9 @@ type Options struct {
 	// IMEXDaemons: the kubelet plugins run IMEX daemons; report them on
 	// the gangs (gang.Options.IMEXDaemons).
 	IMEXDaemons bool
+	// DaemonNamespace is the kubelet plugins' namespace (their IMEX
+	// daemon pods').
+	DaemonNamespace string
 
 	// Addresses are where /metrics and /healthz are served
 	// (--metrics-address, --health-address).
@@ -71,6 +74,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile), or bound there but not started while a device of its claims is allocated to another claim too, before the gang is evicted and placed again.")
 	o.Addresses.AddFlags(fs)
 	fs.BoolVar(&o.IMEXDaemons, "imex-daemons", false, "The kubelet plugins run IMEX daemons for gang domain claims on NVLink domains (their --imex-image is set): report the daemons' readiness on each gang placed in an NVLink domain (condition IMEXReady).")
+	fs.StringVar(&o.DaemonNamespace, "daemon-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the kubelet plugins, where their IMEX daemon pods run (the chart installs both in its release namespace); pods labelled as daemons elsewhere are ignored. Environment: POD_NAMESPACE.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
 	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
 	fs.StringVar(&o.LeaseName, "leader-elect-name", "tessera-controller", "Name of the leader Lease.")

@@ -53,6 +53,9 @@ type Options struct {
 	// domain claims (their --imex-image): the controller reports them on
 	// each gang placed in an NVLink domain (condition IMEXReady).
 	IMEXDaemons bool
+	// DaemonNamespace is the kubelet plugins' namespace, where their
+	// IMEX daemon pods run.
+	DaemonNamespace string
 	// Interrupt, for tests only, is asked at each Step*; returning true
 	// stops the placement there without rollback, as a crash would, and
 	// stops the controller.
@@ -91,6 +94,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			recorder: recorder, interrupt: opts.Interrupt, metrics: opts.Metrics,
 			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
 			imex:               opts.IMEXDaemons,
+			imexNamespace:      opts.DaemonNamespace,
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),

@@ -37,16 +37,25 @@ func (r *reconciler) imexStatus(g *gangv1.Gang, v *view, st *gangv1.GangStatus) 
 	pods, _ := r.pods.List(sel)
 	byNode := map[string]*v1.Pod{}
 	for _, p := range pods {
-		if p.DeletionTimestamp == nil {
+		// Only the plugins' daemons count: a pod labelled alike in
+		// another namespace is no daemon.
+		if p.DeletionTimestamp == nil && p.Namespace == r.imexNamespace {
 			byNode[p.Spec.NodeName] = p
 		}
 	}
+	var addresses []string
+	for _, n := range nodes {
+		addresses = append(addresses, n.Address)
+	}
+	want := strings.Join(addresses, ",")
 	var bad []string
 	for _, n := range nodes {
 		p := byNode[n.Name]
 		switch {
 		case p == nil:
 			bad = append(bad, n.Name+" (no daemon)")
+		case p.Annotations[imex.AnnotationNodes] != want:
+			bad = append(bad, fmt.Sprintf("%s (daemon %s/%s configured for %s)", n.Name, p.Namespace, p.Name, p.Annotations[imex.AnnotationNodes]))
 		case !podReady(p):
 			bad = append(bad, fmt.Sprintf("%s (daemon %s/%s not ready)", n.Name, p.Namespace, p.Name))
 		}
@@ -84,6 +93,9 @@ func podReady(p *v1.Pod) bool {
 func (c *Controller) imexChanged(p *v1.Pod) {
 	ns, name, ok := strings.Cut(p.Annotations[daemonpod.AnnotationClaim], "/")
 	if !ok {
+		return
+	}
+	if p.Namespace != c.r.imexNamespace {
 		return
 	}
 	claim, err := c.r.getClaim(ns, name)

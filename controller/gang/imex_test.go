@@ -23,6 +23,7 @@ func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testin
 	nodes["a2"].Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}, {Type: v1.NodeInternalIP, Address: "10.9.9.9"}}
 	f := newFakeCluster(t, snap, nodes)
 	f.r.imex = true
+	f.r.imexNamespace = "tessera-system"
 	f.create(newClaim("domain", "domain.gpu.tessera.dev", 1))
 	for _, name := range []string{"m-0", "m-1"} {
 		f.member(name, map[string]string{"gang": "g"}, 4) // a whole tray each
@@ -55,11 +56,11 @@ func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testin
 	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "a1 (no daemon), a2 (no daemon)") {
 		t.Fatalf("IMEXReady before any daemon: %+v, want false naming both nodes", c)
 	}
-	daemon := func(node string, ready v1.ConditionStatus) {
+	daemon := func(ns, node, addresses string, ready v1.ConditionStatus) {
 		p := &v1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "tessera-imex-" + string(domain.UID) + "-" + node, Namespace: "tessera-system",
+			ObjectMeta: metav1.ObjectMeta{Name: "tessera-imex-" + string(domain.UID) + "-" + node, Namespace: ns,
 				Labels:      map[string]string{daemonpod.LabelApp: imex.AppName, daemonpod.LabelNode: node, daemonpod.LabelClaimUID: string(domain.UID)},
-				Annotations: map[string]string{daemonpod.AnnotationClaim: "ml/domain"}},
+				Annotations: map[string]string{daemonpod.AnnotationClaim: "ml/domain", imex.AnnotationNodes: addresses}},
 			Spec:   v1.PodSpec{NodeName: node},
 			Status: v1.PodStatus{Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: ready}}},
 		}
@@ -69,12 +70,21 @@ func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testin
 			}
 		}
 	}
-	daemon("a1", v1.ConditionTrue)
-	daemon("a2", v1.ConditionFalse)
+	const both = "10.0.0.1,10.0.0.2"
+	daemon("tessera-system", "a1", both, v1.ConditionTrue)
+	daemon("ml", "a2", both, v1.ConditionTrue) // a look-alike in a user's namespace
+	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ready on 1 of 2 nodes; not on a2 (no daemon)") {
+		t.Fatalf("IMEXReady with a look-alike daemon for a2 in the gang's namespace: %+v", c)
+	}
+	daemon("tessera-system", "a2", "10.0.0.2,10.0.0.3", v1.ConditionTrue)
+	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "configured for 10.0.0.2,10.0.0.3") {
+		t.Fatalf("IMEXReady with a2's daemon configured for other nodes: %+v", c)
+	}
+	daemon("tessera-system", "a2", both, v1.ConditionFalse)
 	if c := imexReady(); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ready on 1 of 2 nodes; not on a2 (daemon tessera-system/") {
 		t.Fatalf("IMEXReady with a2's daemon not ready: %+v", c)
 	}
-	daemon("a2", v1.ConditionTrue)
+	daemon("tessera-system", "a2", both, v1.ConditionTrue)
 	if c := imexReady(); c == nil || c.Status != metav1.ConditionTrue || c.Reason != gangv1.ReasonIMEXReady {
 		t.Fatalf("IMEXReady with both daemons ready: %+v, want true", c)
 	}

@@ -51,8 +51,9 @@ type reconciler struct {
 	metrics   *Metrics
 	// unschedulableGrace: see Options.UnschedulableGrace.
 	unschedulableGrace time.Duration
-	// imex: see Options.IMEXDaemons.
-	imex bool
+	// imex and imexNamespace: see Options.IMEXDaemons, DaemonNamespace.
+	imex          bool
+	imexNamespace string
 }
 
 // result says when to look at a gang again (zero: on the next event).

@@ -7,6 +7,7 @@ package daemonpod
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -136,7 +137,11 @@ func Claims(ctx context.Context, client kubernetes.Interface, ns, app, node stri
 	}
 	out := make([]string, 0, len(pods.Items))
 	for _, pod := range pods.Items {
-		out = append(out, pod.Labels[LabelClaimUID])
+		// A pod without a claim UID names no daemon directory: stopping
+		// it by an empty UID would remove every claim's.
+		if uid := pod.Labels[LabelClaimUID]; uid != "" && !strings.ContainsAny(uid, "/.") {
+			out = append(out, uid)
+		}
 	}
 	return out, nil
 }

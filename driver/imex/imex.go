@@ -155,6 +155,9 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
 	if err != nil {
 		return err
 	}
+	if err := d.checkOwnAddress(ctx, daemon); err != nil {
+		return err
+	}
 	addresses := strings.Join(strings.Fields(nodes), ",")
 	pods := d.Client.CoreV1().Pods(d.Namespace)
 	existing, err := pods.Get(ctx, daemon.Pod, metav1.GetOptions{})
@@ -165,10 +168,12 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
 		return fmt.Errorf("read IMEX daemon pod %s/%s: %w", d.Namespace, daemon.Pod, err)
 	case existing.Spec.NodeName != d.NodeName:
 		return fmt.Errorf("IMEX daemon pod %s/%s runs on node %s, not on this node %s; delete it", d.Namespace, daemon.Pod, existing.Spec.NodeName, d.NodeName)
-	case existing.Annotations[AnnotationNodes] != addresses || existing.DeletionTimestamp != nil:
-		// A daemon of an earlier placement of the claim: the nodes
-		// configuration is read once, at start.
-		klog.FromContext(ctx).Info("Replacing the IMEX daemon of an earlier placement", "pod", klog.KRef(d.Namespace, daemon.Pod), "nodes", existing.Annotations[AnnotationNodes], "want", addresses)
+	case existing.Annotations[AnnotationNodes] != addresses || existing.DeletionTimestamp != nil ||
+		existing.Status.Phase == corev1.PodFailed || existing.Status.Phase == corev1.PodSucceeded:
+		// A daemon of an earlier placement of the claim (the nodes
+		// configuration is read once, at start), or one that ended (the
+		// kubelet refused or evicted it): a retry starts it afresh.
+		klog.FromContext(ctx).Info("Replacing an IMEX daemon of an earlier placement, or one that ended", "phase", existing.Status.Phase, "pod", klog.KRef(d.Namespace, daemon.Pod), "nodes", existing.Annotations[AnnotationNodes], "want", addresses)
 		if err := daemonpod.Delete(ctx, d.Client, d.Namespace, daemon.Pod, true, d.ReadyTimeout, "IMEX daemon"); err != nil {
 			return err
 		}
@@ -193,6 +198,32 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
 	}
 	klog.FromContext(ctx).V(2).Info("IMEX daemon ready", "pod", klog.KRef(d.Namespace, pod.Name), "claim", klog.KRef(daemon.ClaimNamespace, daemon.ClaimName), "nodes", addresses)
 	return nil
+}
+
+// checkOwnAddress checks that the address the claim gives this node is one
+// of the Node's InternalIPs: the annotation is only as trustworthy as
+// whoever could write the claim, and the daemon binds and serves there.
+func (d *Daemons) checkOwnAddress(ctx context.Context, daemon prepare.IMEXDaemon) error {
+	var own string
+	for _, n := range daemon.Nodes {
+		if n.Name == d.NodeName {
+			own = n.Address
+		}
+	}
+	node, err := d.Client.CoreV1().Nodes().Get(ctx, d.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read node %s for its address: %w", d.NodeName, err)
+	}
+	var have []string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if a.Address == own {
+				return nil
+			}
+			have = append(have, a.Address)
+		}
+	}
+	return fmt.Errorf("claim %s/%s: annotation %s gives this node (%s) the address %s, which is not one of its InternalIPs %v; the gang controller writes it from the Node: was it edited?", daemon.ClaimNamespace, daemon.ClaimName, gangv1.AnnotationNodes, d.NodeName, own, have)
 }
 
 // writeFile replaces path with content atomically.

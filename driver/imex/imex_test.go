@@ -2,6 +2,7 @@ package imex_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,11 +47,23 @@ func gang(d *imex.Daemons, nodes ...gangv1.Node) prepare.IMEXDaemon {
 	return prepare.IMEXDaemon{Daemon: d.Locate("uid-1"), ClaimUID: "uid-1", ClaimNamespace: "ml", ClaimName: "train-domain", Nodes: nodes}
 }
 
+// newClient is a fake API holding three trays, each with its InternalIP.
+func newClient() *fake.Clientset {
+	var objs []runtime.Object
+	for i := 1; i <= 3; i++ {
+		objs = append(objs, &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("tray-%d", i)},
+			Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.0.0.%d", i)}}},
+		})
+	}
+	return fake.NewClientset(objs...)
+}
+
 var trays = []gangv1.Node{{Name: "tray-1", Address: "10.0.0.1"}, {Name: "tray-2", Address: "10.0.0.2"}}
 
 func TestTheDaemonGetsExactlyTheGangsNodesAndRunsOnItsNode(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
+	client := newClient()
 	kubelet(client, ready)
 	d := daemons(client, t.TempDir())
 	daemon := gang(d, trays...)
@@ -106,7 +119,7 @@ func TestTheDaemonGetsExactlyTheGangsNodesAndRunsOnItsNode(t *testing.T) {
 }
 
 func TestACrashingDaemonFailsStartWithItsLastWords(t *testing.T) {
-	client := fake.NewClientset()
+	client := newClient()
 	kubelet(client, func(p *corev1.Pod) {
 		p.Status.Phase = corev1.PodRunning
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{
@@ -127,7 +140,7 @@ func TestACrashingDaemonFailsStartWithItsLastWords(t *testing.T) {
 
 func TestADaemonOfAnEarlierPlacementIsReplaced(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
+	client := newClient()
 	creations := kubelet(client, ready)
 	d := daemons(client, t.TempDir())
 	if err := d.Start(ctx, gang(d, gangv1.Node{Name: "tray-2", Address: "10.0.0.2"}, gangv1.Node{Name: "tray-3", Address: "10.0.0.3"})); err != nil {
@@ -150,7 +163,7 @@ func TestADaemonOfAnEarlierPlacementIsReplaced(t *testing.T) {
 }
 
 func TestBadGangNodesAreRefusedNamingTheFix(t *testing.T) {
-	d := daemons(fake.NewClientset(), t.TempDir())
+	d := daemons(newClient(), t.TempDir())
 	for name, tc := range map[string]struct {
 		nodes []gangv1.Node
 		want  string
@@ -179,7 +192,7 @@ func errString(err error) string {
 // the others.
 func TestEachNodeRunsItsOwnDaemonForTheGangsClaim(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
+	client := newClient()
 	creations := kubelet(client, ready)
 	dir := t.TempDir()
 	one, two := daemons(client, filepath.Join(dir, "tray-1")), daemons(client, filepath.Join(dir, "tray-2"))
@@ -205,5 +218,43 @@ func TestEachNodeRunsItsOwnDaemonForTheGangsClaim(t *testing.T) {
 	long.NodeName = strings.Repeat("n", 250)
 	if name := long.Locate("0f1e2d3c-0000-4000-9000-000000000001").Pod; len(name) > 253 {
 		t.Errorf("pod name of %d characters for a long node name, want at most 253", len(name))
+	}
+}
+
+// A daemon the kubelet refused or evicted (the pod Failed) is replaced by
+// the kubelet's retry of the prepare, not waited on forever.
+func TestAnEndedDaemonIsReplaced(t *testing.T) {
+	ctx := context.Background()
+	client := newClient()
+	failed := true
+	creations := kubelet(client, func(p *corev1.Pod) {
+		if failed {
+			p.Status.Phase = corev1.PodFailed
+			p.Status.Reason = "OutOfhostPort"
+			failed = false
+			return
+		}
+		ready(p)
+	})
+	d := daemons(client, t.TempDir())
+	d.ReadyTimeout = 300 * time.Millisecond
+	err := d.Start(ctx, gang(d, trays...))
+	if !strings.Contains(errString(err), "ended (Failed): OutOfhostPort") {
+		t.Fatalf("Start whose pod the kubelet refused: %v, want the reason", err)
+	}
+	if err := d.Start(ctx, gang(d, trays...)); err != nil || *creations != 2 {
+		t.Errorf("the retry: %v after %d creations; want a new pod, ready", err, *creations)
+	}
+}
+
+// The address the claim gives this node must be one of the Node's own:
+// whoever edits the annotation cannot make the daemon bind elsewhere.
+func TestTheDaemonBindsOnlyTheNodesOwnAddress(t *testing.T) {
+	client := newClient()
+	kubelet(client, ready)
+	d := daemons(client, t.TempDir())
+	err := d.Start(context.Background(), gang(d, gangv1.Node{Name: "tray-1", Address: "10.0.0.1"}, gangv1.Node{Name: "tray-2", Address: "127.0.0.1"}))
+	if !strings.Contains(errString(err), "the address 127.0.0.1, which is not one of its InternalIPs [10.0.0.2]") {
+		t.Errorf("Start with another address for this node: %v", err)
 	}
 }

@@ -84,7 +84,10 @@ func (p *Plugin) sweepDaemons(ctx context.Context) {
 		kinds = append(kinds, kind{"MPS", p.mps.Claims, func(c checkpoint.Claim) bool { return c.MPS != nil }, p.driver.claims.StopOrphanDaemon})
 	}
 	if p.imex != nil {
-		kinds = append(kinds, kind{"IMEX", p.imex.Claims, func(c checkpoint.Claim) bool { return c.IMEX != nil }, p.driver.claims.StopOrphanIMEX})
+		// Any record of a domain claim holds its daemon: an instance
+		// of an earlier release sharing the checkpoint in a rolling
+		// update rewrites records without the IMEX field.
+		kinds = append(kinds, kind{"IMEX", p.imex.Claims, func(c checkpoint.Claim) bool { return c.IMEX != nil || c.Domain }, p.driver.claims.StopOrphanIMEX})
 	}
 	logger := klog.FromContext(ctx)
 	for _, k := range kinds {

@@ -36,7 +36,7 @@ type IMEXDaemon struct {
 
 // needsIMEX says whether preparing the claim starts an IMEX daemon: the
 // plugin runs them, the gang controller placed the claim (it wrote the
-// gang's nodes on it), and one of the claim's devices is a channel of an
+// gang's nodes and the placement on it), and one of the claim's devices is a channel of an
 // NVLink domain. A domain claim the scheduler allocated alone, without a
 // gang, names no set of nodes to configure: it gets its channel and no
 // daemon (docs/gang.md).
@@ -44,7 +44,7 @@ func (m *Manager) needsIMEX(claim *resourceapi.ResourceClaim) bool {
 	if m.cfg.IMEX == nil || claim.Status.Allocation == nil {
 		return false
 	}
-	if _, ok := claim.Annotations[gangv1.AnnotationNodes]; !ok {
+	if _, ok := claim.Annotations[gangv1.AnnotationNodes]; !ok || claim.Annotations[gangv1.AnnotationPlacement] == "" {
 		return false
 	}
 	for _, r := range claim.Status.Allocation.Devices.Results {

@@ -50,7 +50,7 @@ func nvlinkClaim(name, nodes string) *resourceapi.ResourceClaim {
 	c := domainClaim(name)
 	c.Status.Allocation.Devices.Results[0].Pool = domain.PoolName(domain.KindNVLink, "cluster-1.0")
 	if nodes != "" {
-		c.Annotations = map[string]string{gangv1.AnnotationNodes: nodes}
+		c.Annotations = map[string]string{gangv1.AnnotationNodes: nodes, gangv1.AnnotationPlacement: "p-1"}
 	}
 	return c
 }
@@ -131,7 +131,7 @@ func TestNoIMEXDaemonWithoutTheGangsNodesOrOnATopologyDomain(t *testing.T) {
 	m := e.start()
 	alone := nvlinkClaim("alone", "") // allocated by the scheduler, no gang
 	rack := domainClaim("rack")
-	rack.Annotations = map[string]string{gangv1.AnnotationNodes: nodeName + "=10.0.0.2"}
+	rack.Annotations = map[string]string{gangv1.AnnotationNodes: nodeName + "=10.0.0.2", gangv1.AnnotationPlacement: "p-1"}
 	for _, c := range []*resourceapi.ResourceClaim{alone, rack} {
 		if _, err := m.PrepareDomain(context.Background(), c, e.nvlinkPreparer().Prepare); err != nil {
 			t.Fatal(err)

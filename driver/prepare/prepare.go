@@ -324,7 +324,7 @@ func (m *Manager) StopOrphanIMEX(ctx context.Context, claimUID string) (bool, er
 	if m.cfg.IMEX == nil {
 		return false, nil
 	}
-	return m.stopOrphan(ctx, claimUID, "IMEX daemon", func(c checkpoint.Claim) bool { return c.IMEX != nil }, func() error {
+	return m.stopOrphan(ctx, claimUID, "IMEX daemon", func(c checkpoint.Claim) bool { return c.IMEX != nil || c.Domain }, func() error {
 		return m.cfg.IMEX.Stop(ctx, m.cfg.IMEX.Locate(claimUID))
 	})
 }

@@ -223,7 +223,17 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 		{"a host path beside the claim's directories", "mounts only host directories", func(p *corev1.Pod) {
 			p.Spec.Volumes[0].HostPath.Path = filepath.Join(o.PluginDataDir, "mps", "..", "checkpoint")
 		}},
-		{"a writable driver root", "driver root read-only", func(p *corev1.Pod) {
+		{"a subPath of the driver root over its binaries", "whole (no subPath)", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "driver-root", MountPath: "/driver-root/usr/bin", SubPath: "var/lib/kubelet/pods", ReadOnly: true})
+		}},
+		{"the driver root mounted elsewhere", "at their places", func(p *corev1.Pod) {
+			for i, m := range p.Spec.Containers[0].VolumeMounts {
+				if m.Name == "driver-root" {
+					p.Spec.Containers[0].VolumeMounts[i].MountPath = "/tmp/nvidia-mps/root"
+				}
+			}
+		}},
+		{"a writable driver root", "driver-root /driver-root read-only", func(p *corev1.Pod) {
 			for i, m := range p.Spec.Containers[0].VolumeMounts {
 				if m.Name == "driver-root" {
 					p.Spec.Containers[0].VolumeMounts[i].ReadOnly = false
@@ -570,14 +580,20 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: 2379, HostPort: 2379})
 		}},
 		{"the host's PID namespace", "no PID or IPC namespace", func(p *corev1.Pod) { p.Spec.HostPID = true }},
-		{"another claim's directory", "mounts only host directories", func(p *corev1.Pod) {
+		{"another claim's directory", "exactly two volumes", func(p *corev1.Pod) {
 			p.Name = "tessera-imex-0f1e2d3c-0000-4000-9000-999999999999-node-a"
+			p.Labels[daemonpod.LabelClaimUID] = "0f1e2d3c-0000-4000-9000-999999999999"
 		}},
-		{"a further host path", "mounts only host directories", func(p *corev1.Pod) {
+		{"a further host path", "exactly two volumes", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc", Type: ptr.To(corev1.HostPathDirectory)}}})
 			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "etc", MountPath: "/host-etc", ReadOnly: true})
 		}},
 		{"a writable configuration", "read-only", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].ReadOnly = false }},
+		{"a subPath of the driver root over its binaries", "whole (no subPath)", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "driver-root", MountPath: "/driver-root/usr/bin", SubPath: "var/lib/kubelet/pods", ReadOnly: true})
+		}},
+		{"a name of no claim", "is named tessera-imex-<claim UID>-<node>", func(p *corev1.Pod) { p.Name = "tessera-imex-x-node-a" }},
+		{"another node's label", "is named tessera-imex-<claim UID>-<node>", func(p *corev1.Pod) { p.Labels[daemonpod.LabelNode] = "node-b" }},
 		{"an MPS daemon's shape", "nvidia-imex -c", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Command = []string{"/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"}
 		}},
