@@ -131,7 +131,7 @@ const clusterPool = "(no single domain)"
 // closest first, when none fits.
 func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view) (*plan, []verdict, error) {
 	pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement})
-	cands := candidates(snap, driver, nodes)
+	cands := withoutIMEXBusy(candidates(snap, driver, nodes), v.imexBusy)
 	if pl.Policy == gangv1.PolicySpread && v.domainClaim == nil {
 		if c := clusterCandidate(snap, driver, nodes); len(c.nodes) > 0 {
 			cands = append(cands, c)
@@ -221,7 +221,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		}
 	}
 	if len(usable) == 0 {
-		vd.lacks = "none of its nodes is schedulable"
+		vd.lacks = "none of its nodes is schedulable, or free of another gang's IMEX daemon"
 		return nil, vd, nil
 	}
 	p := &plan{pool: cand.pool}

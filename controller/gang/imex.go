@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -107,4 +108,45 @@ func (c *Controller) imexChanged(p *v1.Pod) {
 			c.queue.Add(gang)
 		}
 	}
+}
+
+// imexNodesInUse are the nodes of every allocated NVLink domain claim of
+// driver but own (their gang.tessera.dev/nodes): each runs an IMEX daemon
+// for that claim, and a node serves one IMEX domain at a time (the
+// daemon's port is a host port).
+func imexNodesInUse(claims []*resourceapi.ResourceClaim, driver string, own types.UID) map[string]bool {
+	busy := map[string]bool{}
+	for _, c := range claims {
+		if c.UID == own || c.Status.Allocation == nil || !nvlink(c.Status.Allocation.Devices.Results, driver) {
+			continue
+		}
+		nodes, err := gangv1.ParseNodes(c.Annotations[gangv1.AnnotationNodes])
+		if err != nil {
+			continue
+		}
+		for _, n := range nodes {
+			busy[n.Name] = true
+		}
+	}
+	return busy
+}
+
+// withoutIMEXBusy drops the busy nodes from the NVLink domains' candidates.
+func withoutIMEXBusy(cands []candidate, busy map[string]bool) []candidate {
+	if len(busy) == 0 {
+		return cands
+	}
+	for i, c := range cands {
+		if kind, _, ok := domain.ParsePool(c.pool); !ok || kind != domain.KindNVLink {
+			continue
+		}
+		var free []string
+		for _, n := range c.nodes {
+			if !busy[n] {
+				free = append(free, n)
+			}
+		}
+		cands[i].nodes = free
+	}
+	return cands
 }

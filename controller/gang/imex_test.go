@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/daemonpod"
@@ -87,5 +88,38 @@ func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testin
 	daemon("tessera-system", "a2", both, v1.ConditionTrue)
 	if c := imexReady(); c == nil || c.Status != metav1.ConditionTrue || c.Reason != gangv1.ReasonIMEXReady {
 		t.Fatalf("IMEXReady with both daemons ready: %+v, want true", c)
+	}
+}
+
+// A node serves one IMEX domain at a time: a second gang on an NVLink
+// domain is placed on a node no other gang's IMEX daemon serves, although
+// packing would put it beside the first.
+func TestASecondNVLinkGangAvoidsTheFirstGangsIMEXNodes(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "a2": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.r.imex = true
+	f.gangMembers(1)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	first := pinnedTo(f.pod("ml", "m-0"))
+	if first == "" {
+		t.Fatal("the first gang was not placed")
+	}
+	f.create(newClaim("domain-h", "domain.gpu.tessera.dev", 1))
+	f.member("h-0", map[string]string{"gang": "h"}, 1)
+	h := f.pod("ml", "h-0")
+	h.Spec.ResourceClaims[1].ResourceClaimName = ptr.To("domain-h")
+	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), h, "ml"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.r.gangs.Create(f.ctx, labelGangOf("h", 1, "domain-h")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "h"); err != nil {
+		t.Fatal(err)
+	}
+	if second := pinnedTo(f.pod("ml", "h-0")); second == "" || second == first {
+		t.Errorf("second gang placed on %q, first on %q; want the other tray", second, first)
 	}
 }

@@ -87,6 +87,10 @@ type view struct {
 	// roles counts the live members of each role, in spec order; nil
 	// without roles.
 	roles []int
+	// imexBusy are the nodes whose IMEX daemon serves another gang's
+	// NVLink domain claim (imexNodesInUse): an NVLink placement avoids
+	// them, as a node serves one IMEX domain at a time.
+	imexBusy map[string]bool
 }
 
 // claimGetter looks claims up (an informer's lister).

@@ -183,6 +183,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if err != nil {
 		return result{}, err
 	}
+	if r.imex && v.domainClaim != nil {
+		v.imexBusy = imexNodesInUse(snap.Claims, r.driver, v.domainClaim.UID)
+	}
 	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {
 		return result{}, err
