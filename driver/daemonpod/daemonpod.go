@@ -28,6 +28,37 @@ const (
 	AnnotationClaim = "gpu.tessera.dev/claim"
 )
 
+// Host is where a node's daemon pods run and what they run: the same for
+// every kind of daemon.
+type Host struct {
+	Client    kubernetes.Interface
+	Namespace string
+	NodeName  string
+	// Image runs the daemons; only its filesystem is used (a shell-less
+	// distroless image is fine).
+	Image string
+	// Dir on the host holds the daemons' files, one subdirectory per
+	// claim.
+	Dir string
+	// DriverRoot is the host's driver root, where the daemons' binaries
+	// are.
+	DriverRoot string
+	// ReadyTimeout bounds how long a start waits for a daemon to serve
+	// (30 s when zero); the kubelet gives a prepare 45 s.
+	ReadyTimeout time.Duration
+}
+
+// Labels are a daemon pod's labels: its app, this node and its claim.
+func (h *Host) Labels(app, claimUID string) map[string]string {
+	return map[string]string{LabelApp: app, LabelNode: h.NodeName, LabelClaimUID: claimUID}
+}
+
+// HostDirectory is a volume of a host directory that must exist.
+func HostDirectory(name, path string) corev1.Volume {
+	t := corev1.HostPathDirectory
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t}}}
+}
+
 // DriverRootMount is where a daemon container sees the host's driver root
 // (mounted read-only).
 const DriverRootMount = "/driver-root"

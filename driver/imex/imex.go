@@ -39,13 +39,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -74,23 +72,12 @@ const (
 	Binary = "usr/bin/nvidia-imex"
 )
 
-// Daemons runs IMEX daemon pods on one node.
+// Daemons runs IMEX daemon pods on one node; Host.Dir holds each daemon's
+// configuration, one subdirectory per claim.
 type Daemons struct {
-	Client    kubernetes.Interface
-	Namespace string
-	NodeName  string
-	// Image runs the daemon; only its filesystem is used.
-	Image string
-	// Dir on the host holds each daemon's configuration, one subdirectory
-	// per claim.
-	Dir string
-	// DriverRoot is the host's driver root (where usr/bin/nvidia-imex is).
-	DriverRoot string
+	daemonpod.Host
 	// Port is the daemons' TCP port (SERVER_PORT); zero means DefaultPort.
 	Port int
-	// ReadyTimeout bounds how long Start waits for the daemon to be ready;
-	// the kubelet gives a prepare 45 s.
-	ReadyTimeout time.Duration
 }
 
 var _ prepare.IMEXDaemons = (*Daemons)(nil)
@@ -246,15 +233,12 @@ func writeFile(path, content string) error {
 // the driver root (read-only). Change both together
 // (TestHelmChartAppliesOnTheAPIServer creates this pod with a node's token).
 func (d *Daemons) Pod(daemon prepare.IMEXDaemon, addresses string) *corev1.Pod {
-	hostDir := func(name, path string) corev1.Volume {
-		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
-	}
 	port := int32(d.port())
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      daemon.Pod,
 			Namespace: d.Namespace,
-			Labels:    map[string]string{daemonpod.LabelApp: AppName, daemonpod.LabelNode: d.NodeName, daemonpod.LabelClaimUID: daemon.ClaimUID},
+			Labels:    d.Labels(AppName, daemon.ClaimUID),
 			Annotations: map[string]string{
 				daemonpod.AnnotationClaim: daemon.ClaimNamespace + "/" + daemon.ClaimName,
 				AnnotationNodes:           addresses,
@@ -293,8 +277,8 @@ func (d *Daemons) Pod(daemon prepare.IMEXDaemon, addresses string) *corev1.Pod {
 				},
 			}},
 			Volumes: []corev1.Volume{
-				hostDir("config", daemon.Dir),
-				hostDir("driver-root", d.DriverRoot),
+				daemonpod.HostDirectory("config", daemon.Dir),
+				daemonpod.HostDirectory("driver-root", d.DriverRoot),
 			},
 		},
 	}

@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
@@ -40,7 +41,7 @@ func ready(p *corev1.Pod) {
 }
 
 func daemons(client *fake.Clientset, dir string) *imex.Daemons {
-	return &imex.Daemons{Client: client, Namespace: "tessera-system", NodeName: "tray-2", Image: "registry.example/tessera:v1", Dir: dir, DriverRoot: "/run/nvidia/driver", ReadyTimeout: 2 * time.Second}
+	return &imex.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "tray-2", Image: "registry.example/tessera:v1", Dir: dir, DriverRoot: "/run/nvidia/driver", ReadyTimeout: 2 * time.Second}}
 }
 
 func gang(d *imex.Daemons, nodes ...gangv1.Node) prepare.IMEXDaemon {

@@ -24,12 +24,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -55,22 +53,10 @@ const (
 	driverRootMount = daemonpod.DriverRootMount
 )
 
-// Daemons runs daemon pods on one node.
+// Daemons runs daemon pods on one node; Host.Dir holds each daemon's pipe,
+// log and shared-memory directories, one subdirectory per claim.
 type Daemons struct {
-	Client    kubernetes.Interface
-	Namespace string
-	NodeName  string
-	// Image runs the daemon; only its filesystem is used (a shell-less
-	// distroless image is fine).
-	Image string
-	// Dir on the host holds each daemon's pipe, log and shared-memory
-	// directories, one subdirectory per claim.
-	Dir string
-	// DriverRoot is the host's driver root (where usr/bin/nvidia-cuda-mps-control is).
-	DriverRoot string
-	// ReadyTimeout bounds how long Start waits for the daemon to run;
-	// the kubelet gives a prepare 45 s.
-	ReadyTimeout time.Duration
+	daemonpod.Host
 }
 
 var _ prepare.MPSDaemons = (*Daemons)(nil)
@@ -117,9 +103,6 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edit
 // Change both together (TestHelmChartAppliesOnTheAPIServer creates this pod
 // with a node's token).
 func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
-	hostDir := func(name, path string) corev1.Volume {
-		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: ptr.To(corev1.HostPathDirectory)}}}
-	}
 	env := []corev1.EnvVar{
 		{Name: "CUDA_VISIBLE_DEVICES", Value: strings.Join(daemon.Devices, ",")},
 		{Name: "CUDA_MPS_PIPE_DIRECTORY", Value: PipeDir},
@@ -134,7 +117,7 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      daemon.Pod,
 			Namespace: d.Namespace,
-			Labels:    map[string]string{LabelApp: AppName, LabelNode: d.NodeName, LabelClaimUID: daemon.ClaimUID},
+			Labels:    d.Labels(AppName, daemon.ClaimUID),
 			Annotations: map[string]string{
 				daemonpod.AnnotationClaim: daemon.ClaimNamespace + "/" + daemon.ClaimName,
 			},
@@ -162,10 +145,10 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 				},
 			}},
 			Volumes: []corev1.Volume{
-				hostDir("pipe", filepath.Join(daemon.Dir, "pipe")),
-				hostDir("log", filepath.Join(daemon.Dir, "log")),
-				hostDir("shm", filepath.Join(daemon.Dir, "shm")),
-				hostDir("driver-root", d.DriverRoot),
+				daemonpod.HostDirectory("pipe", filepath.Join(daemon.Dir, "pipe")),
+				daemonpod.HostDirectory("log", filepath.Join(daemon.Dir, "log")),
+				daemonpod.HostDirectory("shm", filepath.Join(daemon.Dir, "shm")),
+				daemonpod.HostDirectory("driver-root", d.DriverRoot),
 			},
 		},
 	}

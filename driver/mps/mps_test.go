@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/prepare"
 )
@@ -40,7 +41,7 @@ func TestDaemonRunsAsAPodOnItsNodeAndIsStopped(t *testing.T) {
 	defer cancel()
 	client := fake.NewClientset()
 	runPods(ctx, t, client, "tessera-system")
-	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/run/nvidia/driver"}
+	d := &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/run/nvidia/driver"}}
 	loc := d.Locate("uid-1")
 	daemon := prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1", ClaimNamespace: "ml", ClaimName: "infer", Devices: []string{"GPU-a", "GPU-b"}, Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"}}
 	edits, err := d.Start(ctx, daemon)
@@ -93,7 +94,7 @@ func TestDaemonRunsAsAPodOnItsNodeAndIsStopped(t *testing.T) {
 
 func TestStartFailsWithTheReasonWhenTheDaemonDoesNotRun(t *testing.T) {
 	client := fake.NewClientset()
-	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "missing:latest", Dir: t.TempDir(), ReadyTimeout: 300 * time.Millisecond}
+	d := &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "missing:latest", Dir: t.TempDir(), ReadyTimeout: 300 * time.Millisecond}}
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		p, err := client.CoreV1().Pods("tessera-system").Get(context.Background(), "tessera-mps-uid-2", metav1.GetOptions{})
@@ -116,8 +117,8 @@ func TestClaimsListsThisNodesDaemons(t *testing.T) {
 	defer cancel()
 	client := fake.NewClientset()
 	runPods(ctx, t, client, "tessera-system")
-	d := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "img", Dir: t.TempDir()}
-	other := &mps.Daemons{Client: client, Namespace: "tessera-system", NodeName: "node-b", Image: "img", Dir: t.TempDir()}
+	d := &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "node-a", Image: "img", Dir: t.TempDir()}}
+	other := &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "node-b", Image: "img", Dir: t.TempDir()}}
 	for _, s := range []struct {
 		d   *mps.Daemons
 		uid string
@@ -152,7 +153,7 @@ func containsAll(s string, subs ...string) bool {
 // multiarch with and without the merged /usr, Red Hat and SUSE lib64 with
 // and without it, Grace's aarch64 multiarch, and plain /usr/lib.
 func TestDaemonFindsTheDriverWhereverTheDistributionInstalledIt(t *testing.T) {
-	d := &mps.Daemons{Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/"}
+	d := &mps.Daemons{Host: daemonpod.Host{Namespace: "tessera-system", NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/"}}
 	pod := d.Pod(prepare.MPSDaemon{MPSDaemon: d.Locate("uid-1"), ClaimUID: "uid-1", ClaimNamespace: "ml", ClaimName: "infer", Devices: []string{"GPU-a"}})
 	var path []string
 	for _, e := range pod.Spec.Containers[0].Env {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/component-base/featuregate"
 
+	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/imex"
@@ -169,7 +170,7 @@ func (o *Options) mpsDaemons(client kubernetes.Interface, driverRoot string) *mp
 	if o.MPSImage == "" {
 		return nil
 	}
-	return &mps.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}
+	return &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}}
 }
 
 // imexDaemons runs IMEX daemons as pods in the plugin's namespace; nil
@@ -178,7 +179,7 @@ func (o *Options) imexDaemons(client kubernetes.Interface, driverRoot string) *i
 	if o.IMEXImage == "" {
 		return nil
 	}
-	return &imex.Daemons{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: driverRoot, Port: o.IMEXPort}
+	return &imex.Daemons{Host: daemonpod.Host{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: driverRoot}, Port: o.IMEXPort}
 }
 
 // apiTimeout is the deadline of each request to the API server.

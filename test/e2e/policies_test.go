@@ -147,7 +147,7 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 		root = o.Node.FakeRoot // a fake node's driver lives there
 	}
 	daemonPod := func(node string, n int) *corev1.Pod {
-		d := &mps.Daemons{Namespace: namespace, NodeName: node, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: root}
+		d := &mps.Daemons{Host: daemonpod.Host{Namespace: namespace, NodeName: node, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: root}}
 		uid := fmt.Sprintf("0f1e2d3c-0000-4000-8000-%012d", n)
 		return d.Pod(prepare.MPSDaemon{
 			MPSDaemon: d.Locate(uid), ClaimUID: uid, ClaimNamespace: "default", ClaimName: "mps",
@@ -530,7 +530,7 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 		root = o.Node.FakeRoot
 	}
 	daemonPod := func(node string, n int) *corev1.Pod {
-		d := &imex.Daemons{Namespace: namespace, NodeName: node, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: root, Port: o.IMEXPort}
+		d := &imex.Daemons{Host: daemonpod.Host{Namespace: namespace, NodeName: node, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: root}, Port: o.IMEXPort}
 		uid := fmt.Sprintf("0f1e2d3c-0000-4000-9000-%012d", n)
 		return d.Pod(prepare.IMEXDaemon{Daemon: d.Locate(uid), ClaimUID: uid, ClaimNamespace: "default", ClaimName: "train-domain"}, "10.0.0.1,10.0.0.2")
 	}
