@@ -7,6 +7,8 @@ package daemonpod
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/driverfiles"
 )
 
@@ -51,6 +54,29 @@ type Host struct {
 // Labels are a daemon pod's labels: its app, this node and its claim.
 func (h *Host) Labels(app, claimUID string) map[string]string {
 	return map[string]string{LabelApp: app, LabelNode: h.NodeName, LabelClaimUID: claimUID}
+}
+
+// Stop deletes a daemon's pod (with gone, waits until it is gone) and
+// removes its directory, which must lie inside Dir: a daemon located by an
+// empty claim UID would name Dir itself, every claim's. what names the
+// daemon in errors ("MPS daemon").
+func (h *Host) Stop(ctx context.Context, daemon checkpoint.Daemon, gone bool, what string) error {
+	if rel, err := filepath.Rel(h.Dir, daemon.Dir); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("%s %s: directory %s is not a claim's directory inside %s; refusing to remove it", what, daemon.Pod, daemon.Dir, h.Dir)
+	}
+	if err := Delete(ctx, h.Client, h.Namespace, daemon.Pod, gone, h.ReadyTimeout, what); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(daemon.Dir); err != nil {
+		return fmt.Errorf("remove the %s's directory: %w", what, err)
+	}
+	return nil
+}
+
+// Claims lists the claim UIDs of this node's daemons of one app, for the
+// daemon sweep to stop those of claims the node does not hold.
+func (h *Host) Claims(ctx context.Context, app string) ([]string, error) {
+	return Claims(ctx, h.Client, h.Namespace, app, h.NodeName)
 }
 
 // HostDirectory is a volume of a host directory that must exist.

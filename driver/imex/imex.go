@@ -287,16 +287,10 @@ func (d *Daemons) Pod(daemon prepare.IMEXDaemon, addresses string) *corev1.Pod {
 // Stop deletes the daemon's pod, waits until it is gone (its port is
 // free for the node's next daemon), and removes its directory.
 func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.Daemon) error {
-	if err := daemonpod.Delete(ctx, d.Client, d.Namespace, daemon.Pod, true, d.ReadyTimeout, "IMEX daemon"); err != nil {
-		return err
-	}
-	if err := os.RemoveAll(daemon.Dir); err != nil {
-		return fmt.Errorf("remove IMEX directory: %w", err)
-	}
-	return nil
+	return d.Host.Stop(ctx, daemon, true, "IMEX daemon")
 }
 
 // Claims lists the claim UIDs of this node's daemons, for the daemon sweep.
 func (d *Daemons) Claims(ctx context.Context) ([]string, error) {
-	return daemonpod.Claims(ctx, d.Client, d.Namespace, AppName, d.NodeName)
+	return d.Host.Claims(ctx, AppName)
 }

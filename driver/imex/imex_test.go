@@ -259,3 +259,23 @@ func TestTheDaemonBindsOnlyTheNodesOwnAddress(t *testing.T) {
 		t.Errorf("Start with another address for this node: %v", err)
 	}
 }
+
+// A daemon located by an empty claim UID (a pod without its label) names
+// the directory of every claim's: Stop refuses to remove it.
+func TestStopNeverRemovesEveryClaimsDirectory(t *testing.T) {
+	dir := t.TempDir()
+	d := daemons(newClient(), dir)
+	keep := filepath.Join(dir, "uid-1", imex.ConfigFile)
+	if err := os.MkdirAll(filepath.Dir(keep), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keep, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(context.Background(), d.Locate("")); err == nil {
+		t.Error("Stop of a daemon of no claim succeeded")
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("another claim's configuration is gone: %v", err)
+	}
+}

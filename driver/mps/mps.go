@@ -156,18 +156,12 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 
 // Stop deletes the daemon's pod and directory.
 func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
-	if err := daemonpod.Delete(ctx, d.Client, d.Namespace, daemon.Pod, false, 0, "MPS daemon"); err != nil {
-		return err
-	}
-	if err := os.RemoveAll(daemon.Dir); err != nil {
-		return fmt.Errorf("remove MPS directory: %w", err)
-	}
-	return nil
+	return d.Host.Stop(ctx, daemon, false, "MPS daemon")
 }
 
 // Claims lists the claim UIDs of this node's daemons, for the daemon sweep
 // to stop those of claims the node does not hold
 // (prepare.Manager.StopOrphanDaemon).
 func (d *Daemons) Claims(ctx context.Context) ([]string, error) {
-	return daemonpod.Claims(ctx, d.Client, d.Namespace, AppName, d.NodeName)
+	return d.Host.Claims(ctx, AppName)
 }
