@@ -221,7 +221,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		}
 	}
 	if len(usable) == 0 {
-		vd.lacks = "none of its nodes is schedulable, or free of another gang's IMEX daemon"
+		vd.lacks = "none of its nodes is schedulable (or, for IMEX, has an InternalIP and no other gang's IMEX daemon)"
 		return nil, vd, nil
 	}
 	p := &plan{pool: cand.pool}

@@ -110,12 +110,20 @@ func (c *Controller) imexChanged(p *v1.Pod) {
 	}
 }
 
-// imexNodesInUse are the nodes of every allocated NVLink domain claim of
-// driver but own (their gang.tessera.dev/nodes): each runs an IMEX daemon
-// for that claim, and a node serves one IMEX domain at a time (the
-// daemon's port is a host port).
-func imexNodesInUse(claims []*resourceapi.ResourceClaim, driver string, own types.UID) map[string]bool {
+// imexUnusable are the nodes an NVLink placement of the gang whose domain
+// claim is own cannot use for IMEX: the nodes of every other allocated
+// NVLink domain claim of driver (their gang.tessera.dev/nodes), each
+// running an IMEX daemon for that claim (a node serves one IMEX domain at
+// a time: the daemon's port is a host port), and the nodes without an
+// InternalIP, where a daemon would have no address to serve on and every
+// prepare of the gang would fail.
+func imexUnusable(claims []*resourceapi.ResourceClaim, driver string, own types.UID, nodes map[string]*v1.Node) map[string]bool {
 	busy := map[string]bool{}
+	for name, n := range nodes {
+		if internalIP(n) == "" {
+			busy[name] = true
+		}
+	}
 	for _, c := range claims {
 		if c.UID == own || c.Status.Allocation == nil || !nvlink(c.Status.Allocation.Devices.Results, driver) {
 			continue
@@ -149,4 +157,15 @@ func withoutIMEXBusy(cands []candidate, busy map[string]bool) []candidate {
 		cands[i].nodes = free
 	}
 	return cands
+}
+
+// internalIP is the node's first InternalIP address ("" when it has none),
+// the one placementNodes writes.
+func internalIP(n *v1.Node) string {
+	for _, a := range n.Status.Addresses {
+		if a.Type == v1.NodeInternalIP {
+			return a.Address
+		}
+	}
+	return ""
 }

@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -96,6 +97,7 @@ func TestTheDomainClaimListsThePlacementsNodesAndTheGangItsIMEXDaemons(t *testin
 // packing would put it beside the first.
 func TestASecondNVLinkGangAvoidsTheFirstGangsIMEXNodes(t *testing.T) {
 	snap, nodes := trays(t, map[string]uint32{"a1": 1, "a2": 1})
+	withAddresses(nodes)
 	f := newFakeCluster(t, snap, nodes)
 	f.r.imex = true
 	f.gangMembers(1)
@@ -121,5 +123,43 @@ func TestASecondNVLinkGangAvoidsTheFirstGangsIMEXNodes(t *testing.T) {
 	}
 	if second := pinnedTo(f.pod("ml", "h-0")); second == "" || second == first {
 		t.Errorf("second gang placed on %q, first on %q; want the other tray", second, first)
+	}
+}
+
+// withAddresses gives every node an InternalIP.
+func withAddresses(nodes map[string]*v1.Node) {
+	i := 0
+	for _, n := range nodes {
+		i++
+		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: fmt.Sprintf("10.0.1.%d", i)}}
+	}
+}
+
+// A node without an InternalIP has no address for an IMEX daemon to serve
+// on: an NVLink gang is placed beside it, and waits, saying why, when no
+// node has one.
+func TestAnNVLinkGangAvoidsNodesWithoutAnAddress(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "a2": 1})
+	nodes["a2"].Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}
+	f := newFakeCluster(t, snap, nodes)
+	f.r.imex = true
+	f.gangMembers(1)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedTo(f.pod("ml", "m-0")); got != "a2" {
+		t.Errorf("gang placed on %q, want a2, the tray with an address", got)
+	}
+
+	snap, nodes = trays(t, map[string]uint32{"b1": 1})
+	f = newFakeCluster(t, snap, nodes)
+	f.r.imex = true
+	f.gangMembers(1)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(f.gang("ml", "g").Status.Conditions, gangv1.ConditionWaiting)
+	if c == nil || c.Reason != gangv1.ReasonNoDomainFits || !strings.Contains(c.Message, "has an InternalIP") {
+		t.Errorf("gang on a clique without addresses: %+v, want it waiting, saying why", c)
 	}
 }

@@ -87,9 +87,10 @@ type view struct {
 	// roles counts the live members of each role, in spec order; nil
 	// without roles.
 	roles []int
-	// imexBusy are the nodes whose IMEX daemon serves another gang's
-	// NVLink domain claim (imexNodesInUse): an NVLink placement avoids
-	// them, as a node serves one IMEX domain at a time.
+	// imexBusy are the nodes an NVLink placement avoids when the plugins
+	// run IMEX daemons (imexUnusable): those whose daemon serves another
+	// gang's NVLink domain claim (a node serves one IMEX domain at a
+	// time), and those without an InternalIP for a daemon to serve on.
 	imexBusy map[string]bool
 }
 

@@ -184,7 +184,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		return result{}, err
 	}
 	if r.imex && v.domainClaim != nil {
-		v.imexBusy = imexNodesInUse(snap.Claims, r.driver, v.domainClaim.UID)
+		v.imexBusy = imexUnusable(snap.Claims, r.driver, v.domainClaim.UID, nodes)
 	}
 	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {

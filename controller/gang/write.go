@@ -76,12 +76,7 @@ func placementNodes(names []string, nodes map[string]*v1.Node) []gangv1.Node {
 		set[name] = true
 		n := gangv1.Node{Name: name}
 		if node := nodes[name]; node != nil {
-			for _, a := range node.Status.Addresses {
-				if a.Type == v1.NodeInternalIP {
-					n.Address = a.Address
-					break
-				}
-			}
+			n.Address = internalIP(node)
 		}
 		out = append(out, n)
 	}
