@@ -337,11 +337,19 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	}
 	if len(lost) == 0 {
 		var again time.Duration
+		var retry []*member
 		var err error
-		if lost, again, err = r.refused(ctx, in, time.Now()); err != nil {
+		now := time.Now()
+		if lost, retry, again, err = r.refused(ctx, in, now); err != nil {
 			return true, result{requeueAfter: time.Second}, err
 		}
 		recheck = sooner(recheck, again)
+		if err := parallel(len(retry), func(i int) error { return nudge(ctx, r.client, retry[i], now) }); err != nil {
+			return true, result{}, err
+		}
+		for _, m := range retry {
+			klog.FromContext(ctx).Info("Asked the kubelet to prepare a late member again", "pod", klog.KObj(m.pod), "node", m.pod.Spec.NodeName)
+		}
 	}
 	if len(lost) == 0 {
 		// Resume releasing members a crash left gated.

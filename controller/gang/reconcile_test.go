@@ -385,3 +385,93 @@ func TestABoundMemberWhoseDeviceIsAllocatedTwiceIsLost(t *testing.T) {
 		}
 	})
 }
+
+// A member refused at prepare while another claim held its device, whose
+// device is free again by the end of the grace period, is not lost: its
+// kubelet would retry only at its next resync (up to 90 s later), so the
+// controller changes the member's prepare-retry annotation, which makes the
+// kubelet sync it at once; once per grace period, and only for a member
+// whose sandbox is not made (its claims not prepared).
+func TestALateMemberWhoseDeviceIsFreeAgainIsPreparedAgain(t *testing.T) {
+	// podUpdates counts the controller's updates of pods so far (releases
+	// included).
+	podUpdates := func(f *fakeCluster) (n int) {
+		for _, a := range f.client.Actions() {
+			if a.GetVerb() == "update" && a.GetResource().Resource == "pods" && a.GetSubresource() == "" {
+				n++
+			}
+		}
+		return n
+	}
+	t.Run("past the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.placedGang(2 * time.Minute)
+		released := podUpdates(f)
+		before := time.Now().Add(-time.Second)
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		if len(f.evicted) != 0 {
+			t.Errorf("evicted %v: a member whose devices are free is not lost", f.evicted)
+		}
+		for _, name := range []string{"m-0", "m-1"} {
+			p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			at, set := p.Annotations[gangv1.AnnotationPrepareRetry]
+			switch when, err := time.Parse(time.RFC3339, at); {
+			case name == "m-0" && set:
+				t.Errorf("running member m-0 was asked to prepare again (%s)", at)
+			case name == "m-1" && (err != nil || when.Before(before.Truncate(time.Second))):
+				t.Errorf("late member m-1: %s = %q, want the time of the reconcile", gangv1.AnnotationPrepareRetry, at)
+			}
+		}
+		if n := podUpdates(f) - released; n != 1 {
+			t.Fatalf("%d pod updates, want 1", n)
+		}
+		res, err := f.reconcile("ml", "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := podUpdates(f) - released; n != 1 {
+			t.Errorf("%d pod updates after a second look within the grace, want still 1", n)
+		}
+		if res.requeueAfter <= 0 || res.requeueAfter > time.Minute {
+			t.Errorf("look again in %v, want within the grace (1m)", res.requeueAfter)
+		}
+	})
+	t.Run("within the grace", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.placedGang(20 * time.Second)
+		released := podUpdates(f)
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		if n := podUpdates(f) - released; n != 0 {
+			t.Errorf("%d pod updates for a member bound 20 s ago, want none", n)
+		}
+	})
+	t.Run("sandbox made", func(t *testing.T) {
+		snap, nodes := trays(t, map[string]uint32{"a1": 1})
+		f := newFakeCluster(t, snap, nodes)
+		f.placedGang(2 * time.Minute)
+		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, "m-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.PodReadyToStartContainers, Status: v1.ConditionTrue})
+		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+			t.Fatal(err)
+		}
+		released := podUpdates(f)
+		if _, err := f.reconcile("ml", "g"); err != nil {
+			t.Fatal(err)
+		}
+		if n := podUpdates(f) - released; n != 0 {
+			t.Errorf("%d pod updates for a member whose claims are prepared (its images still pulling), want none", n)
+		}
+	})
+}

@@ -7,8 +7,13 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/simulate"
 )
 
@@ -50,7 +55,14 @@ func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck 
 // again, the gang goes where no other claim holds its devices. recheck is
 // when members bound more recently, or not started without a double
 // allocation, are to be looked at again.
-func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (lost []string, recheck time.Duration, _ error) {
+//
+// retry names the late members whose claims fit again and whose kubelet has
+// not made their sandbox: a prepare refused while the other claim held the
+// device, which has gone since. The kubelet does not count a refused prepare
+// as a failed sync and tries again only at its next resync (up to 1.5 times
+// its sync frequency, 90 s by default); the caller asks it sooner (nudge),
+// at most once per grace period per member.
+func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (lost []string, retry []*member, recheck time.Duration, _ error) {
 	var late []*member
 	for _, m := range in {
 		if m.gated() || m.pod.Spec.NodeName == "" || m.pod.Status.Phase != v1.PodPending || len(m.claims) == 0 {
@@ -63,16 +75,16 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		late = append(late, m)
 	}
 	if len(late) == 0 {
-		return nil, recheck, nil
+		return nil, nil, recheck, nil
 	}
 	// Rare and worth a fresh read: what the API server holds now.
 	snap, err := simulate.List(ctx, r.client)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	nodeList, err := r.nodes.List(labels.Everything())
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	nodes := map[string]*v1.Node{}
 	for _, n := range nodeList {
@@ -91,17 +103,73 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		}
 		why, err := misfit(ctx, snap, nodes, claims)
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, 0, err
 		}
-		if why != "" {
+		switch {
+		case why != "":
 			lost = append(lost, fmt.Sprintf("member %s is bound to %s but has not started in %v: %s; the kubelet plugin refuses to prepare a device another claim holds",
 				m.pod.Name, m.pod.Spec.NodeName, now.Sub(boundSince(m.pod)).Round(time.Second), why))
+		case !sandboxReady(m.pod) && now.Sub(retriedAt(m.pod)) >= r.unschedulableGrace:
+			retry = append(retry, m)
 		}
 	}
-	if len(lost) == 0 {
-		recheck = sooner(recheck, r.unschedulableGrace)
+	if len(lost) != 0 {
+		return lost, nil, recheck, nil
 	}
-	return lost, recheck, nil
+	return nil, retry, sooner(recheck, r.unschedulableGrace), nil
+}
+
+// sandboxReady says whether the kubelet has made the pod's sandbox, which
+// it does only once the pod's claims are prepared.
+func sandboxReady(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodReadyToStartContainers {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// retriedAt is when the controller last asked the pod's kubelet to prepare
+// it again (gangv1.AnnotationPrepareRetry); the zero time if never, or if
+// the value is not a time.
+func retriedAt(p *v1.Pod) time.Time {
+	at, err := time.Parse(time.RFC3339, p.Annotations[gangv1.AnnotationPrepareRetry])
+	if err != nil {
+		return time.Time{}
+	}
+	return at
+}
+
+// nudge sets gangv1.AnnotationPrepareRetry on a released member to now: a
+// change of the pod's annotations makes its kubelet sync the pod at once,
+// preparing its claims again. Nothing else of the pod changes. An update,
+// as release does: the controller's role grants no patch.
+func nudge(ctx context.Context, client kubernetes.Interface, m *member, now time.Time) error {
+	pods := client.CoreV1().Pods(m.pod.Namespace)
+	p := m.pod.DeepCopy()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[gangv1.AnnotationPrepareRetry] = now.UTC().Format(time.RFC3339)
+		_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+		switch {
+		case apierrors.IsConflict(err):
+			fresh, gerr := pods.Get(ctx, p.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			if fresh.UID != m.pod.UID {
+				return nil
+			}
+			p = fresh
+			return err
+		case err != nil && !apierrors.IsNotFound(err):
+			return fmt.Errorf("ask the kubelet to prepare member %s/%s again: %w", m.pod.Namespace, m.pod.Name, err)
+		}
+		return nil
+	})
 }
 
 // boundSince is when the scheduler bound the pod (its PodScheduled

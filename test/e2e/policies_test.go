@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -283,7 +285,9 @@ func checkMPSLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, 
 // label, or touching an ungated pod is refused; only node-less
 // gpu.tessera.dev slices can be written (not another driver's, not a
 // node's); and only claims annotated with their gang can be allocated, while
-// annotating a claim with its gang is all the metadata it may change.
+// annotating a claim with its gang is all the metadata it may change. Setting
+// gang.tessera.dev/prepare-retry on a released member is accepted; with
+// another annotation, or on a pod no gang placed, refused.
 func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
 	t.Helper()
 	admin := c.Client()
@@ -369,6 +373,34 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	}
 	released.Annotations["example.com/note"] = "x"
 	expectRefusal(t, combo+": the controller annotates an ungated pod", update(released), "may only release gang members")
+	// Asking a released member's kubelet to prepare it again, as
+	// controller/gang does (an update of one annotation).
+	prepareAgain := func(name string, extra map[string]string) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			p, err := admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if p.Annotations == nil {
+				p.Annotations = map[string]string{}
+			}
+			p.Annotations[gangv1.AnnotationPrepareRetry] = time.Now().UTC().Format(time.RFC3339)
+			maps.Copy(p.Annotations, extra)
+			return update(p)
+		})
+	}
+	if err := prepareAgain("member-0", nil); err != nil {
+		t.Errorf("%s: the controller cannot ask a released member's kubelet to prepare it again as controller/gang does: %v", combo, err)
+	}
+	expectRefusal(t, combo+": the controller changes a released member's rank with its prepare-retry", prepareAgain("member-0", map[string]string{gangv1.AnnotationRank: "7"}), "may only release gang members")
+	bystander, err := admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "bystander", Namespace: namespace, Labels: map[string]string{"app": "train"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "registry.example/web:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": the controller sets prepare-retry on a pod no gang placed", prepareAgain(bystander.Name, nil), "may only release gang members")
 
 	// Slices.
 	slices := ctl.ResourceV1().ResourceSlices()

@@ -62,6 +62,13 @@ const (
 	AnnotationRoleRank = Group + "/role-rank"
 	// AnnotationRoleSize is the size of the member's role.
 	AnnotationRoleSize = Group + "/role-size"
+	// AnnotationPrepareRetry, on a released member, is when the controller
+	// last asked its kubelet to prepare it again (RFC 3339): a member whose
+	// prepare was refused for a device another claim held is retried by the
+	// kubelet only at its next resync (its sync frequency, 1m by default,
+	// plus up to half that), and an annotation change makes the kubelet sync
+	// the pod at once.
+	AnnotationPrepareRetry = Group + "/prepare-retry"
 	// AnnotationNodes, on the domain claim, lists the placement's nodes
 	// and their InternalIP addresses (FormatNodes), sorted by name and
 	// written with the allocation: the kubelet plugin configures each
