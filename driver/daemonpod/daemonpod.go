@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/driverfiles"
@@ -54,6 +55,37 @@ type Host struct {
 // Labels are a daemon pod's labels: its app, this node and its claim.
 func (h *Host) Labels(app, claimUID string) map[string]string {
 	return map[string]string{LabelApp: app, LabelNode: h.NodeName, LabelClaimUID: claimUID}
+}
+
+// Pod is what every daemon pod is: name in Namespace, labelled for app,
+// this node and its claim (claimRef "<namespace>/<name>", claimUID), pinned
+// to this node, restarted when it exits, tolerating every taint (it serves
+// pods already admitted here), the default service account without a token
+// (a daemon calls no API), and one privileged container (it opens the GPUs'
+// device nodes) running Image. The caller adds the rest (host network,
+// annotations); the chart's lock policies pin all of it (mps-lock.yaml,
+// imex-lock.yaml).
+func (h *Host) Pod(name, app, claimUID, claimRef string, c corev1.Container, volumes ...corev1.Volume) *corev1.Pod {
+	c.Image = h.Image
+	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Namespace:   h.Namespace,
+			Labels:      h.Labels(app, claimUID),
+			Annotations: map[string]string{AnnotationClaim: claimRef},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      h.NodeName,
+			RestartPolicy:                 corev1.RestartPolicyAlways,
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			ServiceAccountName:            "default",
+			AutomountServiceAccountToken:  ptr.To(false),
+			Containers:                    []corev1.Container{c},
+			Volumes:                       volumes,
+		},
+	}
 }
 
 // Stop deletes a daemon's pod (with gone, waits until it is gone) and

@@ -45,7 +45,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
@@ -234,54 +233,33 @@ func writeFile(path, content string) error {
 // (TestHelmChartAppliesOnTheAPIServer creates this pod with a node's token).
 func (d *Daemons) Pod(daemon prepare.IMEXDaemon, addresses string) *corev1.Pod {
 	port := int32(d.port())
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      daemon.Pod,
-			Namespace: d.Namespace,
-			Labels:    d.Labels(AppName, daemon.ClaimUID),
-			Annotations: map[string]string{
-				daemonpod.AnnotationClaim: daemon.ClaimNamespace + "/" + daemon.ClaimName,
-				AnnotationNodes:           addresses,
-			},
+	pod := d.Host.Pod(daemon.Pod, AppName, daemon.ClaimUID, daemon.ClaimNamespace+"/"+daemon.ClaimName, corev1.Container{
+		Name:    "imex-daemon",
+		Command: []string{daemonpod.DriverRootMount + "/" + Binary, "-c", ConfigDir + "/" + ConfigFile},
+		Env:     []corev1.EnvVar{{Name: "LD_LIBRARY_PATH", Value: daemonpod.LibraryPath()}},
+		// The host port makes the kubelet refuse a second daemon on the
+		// port instead of letting it crash.
+		Ports: []corev1.ContainerPort{{Name: "imex", ContainerPort: port, HostPort: port, Protocol: corev1.ProtocolTCP}},
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
+			PeriodSeconds:    1,
+			FailureThreshold: 3,
 		},
-		Spec: corev1.PodSpec{
-			NodeName:                      d.NodeName,
-			HostNetwork:                   true,
-			RestartPolicy:                 corev1.RestartPolicyAlways,
-			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			ServiceAccountName:            "default",
-			AutomountServiceAccountToken:  ptr.To(false),
-			Containers: []corev1.Container{{
-				Name:    "imex-daemon",
-				Image:   d.Image,
-				Command: []string{daemonpod.DriverRootMount + "/" + Binary, "-c", ConfigDir + "/" + ConfigFile},
-				Env:     []corev1.EnvVar{{Name: "LD_LIBRARY_PATH", Value: daemonpod.LibraryPath()}},
-				// The host port makes the kubelet refuse a second daemon
-				// on the port instead of letting it crash.
-				Ports: []corev1.ContainerPort{{Name: "imex", ContainerPort: port, HostPort: port, Protocol: corev1.ProtocolTCP}},
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
-					PeriodSeconds:    1,
-					FailureThreshold: 3,
-				},
-				// A daemon that exits with an error shows its last
-				// words in the pod's status, and so in the prepare error.
-				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-				// The daemon opens the GPUs' and the IMEX channels'
-				// device nodes.
-				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-				VolumeMounts: []corev1.VolumeMount{
-					{Name: "config", MountPath: ConfigDir, ReadOnly: true},
-					{Name: "driver-root", MountPath: daemonpod.DriverRootMount, ReadOnly: true},
-				},
-			}},
-			Volumes: []corev1.Volume{
-				daemonpod.HostDirectory("config", daemon.Dir),
-				daemonpod.HostDirectory("driver-root", d.DriverRoot),
-			},
+		// A daemon that exits with an error shows its last words in the
+		// pod's status, and so in the prepare error.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "config", MountPath: ConfigDir, ReadOnly: true},
+			{Name: "driver-root", MountPath: daemonpod.DriverRootMount, ReadOnly: true},
 		},
-	}
+	},
+		daemonpod.HostDirectory("config", daemon.Dir),
+		daemonpod.HostDirectory("driver-root", d.DriverRoot),
+	)
+	pod.Annotations[AnnotationNodes] = addresses
+	// Its peers reach it at the node's address.
+	pod.Spec.HostNetwork = true
+	return pod
 }
 
 // Stop deletes the daemon's pod, waits until it is gone (its port is

@@ -29,7 +29,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
@@ -113,45 +112,22 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 		k, v, _ := strings.Cut(kv, "=")
 		env = append(env, corev1.EnvVar{Name: k, Value: v})
 	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      daemon.Pod,
-			Namespace: d.Namespace,
-			Labels:    d.Labels(AppName, daemon.ClaimUID),
-			Annotations: map[string]string{
-				daemonpod.AnnotationClaim: daemon.ClaimNamespace + "/" + daemon.ClaimName,
-			},
+	return d.Host.Pod(daemon.Pod, AppName, daemon.ClaimUID, daemon.ClaimNamespace+"/"+daemon.ClaimName, corev1.Container{
+		Name:    "mps-control-daemon",
+		Command: []string{driverRootMount + "/usr/bin/nvidia-cuda-mps-control", "-f"},
+		Env:     env,
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "pipe", MountPath: PipeDir},
+			{Name: "log", MountPath: LogDir},
+			{Name: "shm", MountPath: "/dev/shm"},
+			{Name: "driver-root", MountPath: driverRootMount, ReadOnly: true},
 		},
-		Spec: corev1.PodSpec{
-			NodeName:                      d.NodeName,
-			RestartPolicy:                 corev1.RestartPolicyAlways,
-			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			// The daemon calls no API: no token in the pod.
-			ServiceAccountName:           "default",
-			AutomountServiceAccountToken: ptr.To(false),
-			Containers: []corev1.Container{{
-				Name:    "mps-control-daemon",
-				Image:   d.Image,
-				Command: []string{driverRootMount + "/usr/bin/nvidia-cuda-mps-control", "-f"},
-				Env:     env,
-				// The daemon opens the GPUs' device nodes directly.
-				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-				VolumeMounts: []corev1.VolumeMount{
-					{Name: "pipe", MountPath: PipeDir},
-					{Name: "log", MountPath: LogDir},
-					{Name: "shm", MountPath: "/dev/shm"},
-					{Name: "driver-root", MountPath: driverRootMount, ReadOnly: true},
-				},
-			}},
-			Volumes: []corev1.Volume{
-				daemonpod.HostDirectory("pipe", filepath.Join(daemon.Dir, "pipe")),
-				daemonpod.HostDirectory("log", filepath.Join(daemon.Dir, "log")),
-				daemonpod.HostDirectory("shm", filepath.Join(daemon.Dir, "shm")),
-				daemonpod.HostDirectory("driver-root", d.DriverRoot),
-			},
-		},
-	}
+	},
+		daemonpod.HostDirectory("pipe", filepath.Join(daemon.Dir, "pipe")),
+		daemonpod.HostDirectory("log", filepath.Join(daemon.Dir, "log")),
+		daemonpod.HostDirectory("shm", filepath.Join(daemon.Dir, "shm")),
+		daemonpod.HostDirectory("driver-root", d.DriverRoot),
+	)
 }
 
 // Stop deletes the daemon's pod and directory.
