@@ -24,15 +24,23 @@ import (
 // device to another claim too, and a placement cut short whose gang's
 // selector changed before the controller came back.
 
-// refusedAtPrepare: the scheduler allocates a device to a small pod's claim
-// in the same moment the controller writes it to a member's claim, after
-// the re-check. Forced here: at the release step the test writes the small
-// claim's allocation onto member 0's device and lets the small pod start,
-// then the members are released. Member 0 is bound but the plugin refuses
-// its prepare; after the grace the gang is evicted and placed again without
-// that device, and no device is left allocated twice.
-func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
-	const ns = "refused"
+// doubleAllocation is refusedAtPrepare's race, forced: a gated small pod
+// whose claim the test gives member 0's device at the release step, letting
+// the small pod start before the members are released.
+type doubleAllocation struct {
+	small      *corev1.Pod
+	smallClaim string
+	// first is the placement whose member 0 lost its device ("" until the
+	// hook ran); taken is that device.
+	first   func() string
+	taken   *atomic.Pointer[resourceapi.DeviceRequestAllocationResult]
+	takeErr *atomic.Value
+	began   time.Time
+}
+
+// raceForMemberZero sets up the double allocation in ns and creates a
+// 4-member gang of an indexed Job there.
+func (e gangEnv) raceForMemberZero(ctx context.Context, t *testing.T, ns string) *doubleAllocation {
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
 	small := newGPUPod(ns, "small", gpuFrom("one-gpu"))
@@ -122,6 +130,21 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
 	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
 	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+	return &doubleAllocation{small: small, smallClaim: smallClaim, first: first, taken: &taken, takeErr: &takeErr, began: began}
+}
+
+// refusedAtPrepare: the scheduler allocates a device to a small pod's claim
+// in the same moment the controller writes it to a member's claim, after
+// the re-check. Forced here: at the release step the test writes the small
+// claim's allocation onto member 0's device and lets the small pod start,
+// then the members are released. Member 0 is bound but the plugin refuses
+// its prepare; after the grace the gang is evicted and placed again without
+// that device, and no device is left allocated twice.
+func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
+	const ns = "refused"
+	d := e.raceForMemberZero(ctx, t, ns)
+	client := e.c.Client()
+	small, smallClaim, first, takeErr, began := d.small, d.smallClaim, d.first, d.takeErr, d.began
 
 	// The gang runs again, whole, as a new placement.
 	var second string
@@ -155,7 +178,7 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 		t.Fatalf("the gang was not placed again after member 0's prepare was refused (placement %q, was %q):\n%s%s\nevents:\n%s", second, first(), describeConditions(e.gs.get(ctx, t, ns, "train")), b.String(), e.c.events(ctx, ns))
 	}
 	recovered := time.Since(began)
-	r := taken.Load()
+	r := d.taken.Load()
 	events := e.c.events(ctx, ns)
 	if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) || !strings.Contains(events, "has not started") || !strings.Contains(events, "claim "+ns+"/"+smallClaim) {
 		t.Errorf("no %s event saying member 0 has not started beside claim %s; events:\n%s", gangv1.ReasonMemberLost, smallClaim, events)
@@ -193,6 +216,100 @@ func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
 	t.Logf("the small claim took %s/%s of member 0 (placement %s); the gang runs again as placement %s on %v, %v after it was created",
 		r.Pool, r.Device, first(), second, nodesOf(pods), recovered.Round(time.Second))
 	e.restartController(t, nil)
+}
+
+// refusedThenFreed: as refusedAtPrepare, but the small pod is deleted once
+// the plugin has refused member 0's prepare, so member 0's claim fits again
+// before the grace ends. The kubelet would try member 0 again only at its
+// next resync, at least its sync frequency (1m) after the refusal; the
+// controller asks it at the end of the grace instead (prepare-retry, under
+// the controller's admission policies), and the gang runs whole in its
+// first placement, nothing evicted.
+func (e gangEnv) refusedThenFreed(ctx context.Context, t *testing.T) {
+	const ns = "freed"
+	d := e.raceForMemberZero(ctx, t, ns)
+	defer e.restartController(t, nil)
+	client := e.c.Client()
+	memberZero := func() *corev1.Pod {
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+		if err != nil || d.first() == "" {
+			return nil
+		}
+		for i, p := range list.Items {
+			if p.Annotations[gangv1.AnnotationPlacement] == d.first() && p.Annotations[gangv1.AnnotationRank] == "0" {
+				return &list.Items[i]
+			}
+		}
+		return nil
+	}
+	refused := func(pod string) bool {
+		list, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, ev := range list.Items {
+			if ev.InvolvedObject.Kind == "Pod" && ev.InvolvedObject.Name == pod && ev.Reason == "FailedPrepareDynamicResources" {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(ctx, t, 2*time.Minute, "member 0 refused at prepare", func() bool {
+		p := memberZero()
+		return d.takeErr.Load() != nil || p != nil && refused(p.Name)
+	})
+	if err, _ := d.takeErr.Load().(error); err != nil {
+		t.Fatalf("giving the small claim member 0's device: %v", err)
+	}
+	e.c.deletePodsAndWait(ctx, t, d.small)
+	freed := time.Now()
+
+	// The gang runs whole in its first placement.
+	eventually(ctx, t, 3*time.Minute, "the first placement's four members running", func() bool {
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+		if err != nil {
+			return false
+		}
+		running := 0
+		for _, p := range list.Items {
+			if p.Annotations[gangv1.AnnotationPlacement] == d.first() && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running++
+			}
+		}
+		return running == 4
+	})
+	if id := e.gs.get(ctx, t, ns, "train").Annotations[gangv1.AnnotationCommitted]; id != d.first() {
+		t.Errorf("the gang's placement is %q, want the first, %q, kept", id, d.first())
+	}
+	if e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) {
+		t.Errorf("the gang lost a member although member 0's device was free again; events:\n%s", e.c.events(ctx, ns))
+	}
+	p := memberZero()
+	var bound, started time.Time
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			bound = c.LastTransitionTime.Time
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running != nil {
+			started = cs.State.Running.StartedAt.Time
+		}
+	}
+	if bound.IsZero() || started.IsZero() {
+		t.Fatalf("member 0 %s: no bind time or no running container in its status: %+v", p.Name, p.Status)
+	}
+	// The kubelet's own retry comes at least a sync frequency (1m) after
+	// the refused prepare, which followed the bind.
+	if took := started.Sub(bound); took >= time.Minute {
+		t.Errorf("member 0 started %v after it was bound, no sooner than the kubelet's own resync: the controller did not have it prepared again (%s = %q)",
+			took.Round(time.Second), gangv1.AnnotationPrepareRetry, p.Annotations[gangv1.AnnotationPrepareRetry])
+	}
+	if p.Annotations[gangv1.AnnotationPrepareRetry] == "" {
+		t.Errorf("member 0 has no %s annotation", gangv1.AnnotationPrepareRetry)
+	}
+	t.Logf("member 0 %s: refused at prepare, its device freed %v after the gang was created; started %v after it was bound (grace %v), asked again at %s; placement %s kept",
+		p.Name, freed.Sub(d.began).Round(time.Second), started.Sub(bound).Round(time.Second), unschedulableGrace, p.Annotations[gangv1.AnnotationPrepareRetry], d.first())
 }
 
 // selectorChangedMidPlacement: the controller dies after writing some of a

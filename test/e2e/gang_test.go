@@ -306,6 +306,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
 	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
 	t.Run("AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", func(t *testing.T) { e.refusedAtPrepare(ctx, t) })
+	t.Run("AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", func(t *testing.T) { e.refusedThenFreed(ctx, t) })
 	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
 	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { e.smallPodStream(ctx, t) })
 	// Last: the cluster loses a node.
