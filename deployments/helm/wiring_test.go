@@ -46,7 +46,7 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 			if d.Name == "tessera-controller" {
 				checkAccountBound(t, c.Name, r, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, "tessera-controller", "tessera-controller-leader")
 				user := serviceAccountUser(d.Namespace, d.Spec.Template.Spec.ServiceAccountName)
-				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices"} {
+				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices", "tessera-gang-annotations"} {
 					want[p] = user
 				}
 			}
@@ -67,15 +67,23 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 			// them by one more condition each (IMEX daemons or not),
 			// complementary: every request meets exactly one
 			// (TestHelmChartAppliesOnTheAPIServer holds both).
-			wantConds := 1
+			wantConds, match := 1, fmt.Sprintf("request.userInfo.username == %q", user)
+			if vap.Name == "tessera-gang-annotations" {
+				// Everyone but the controller (and cluster
+				// administrators, who can remove the policy).
+				wantConds, match = 2, fmt.Sprintf("request.userInfo.username != %q", user)
+				if len(conds) == 2 && conds[1].Expression != "!('system:masters' in request.userInfo.groups)" {
+					t.Errorf("%s: policy %s's second match condition is %q, want it to leave out only system:masters", c.Name, vap.Name, conds[1].Expression)
+				}
+			}
 			if split, ok := podLockSplit[vap.Name]; ok {
 				wantConds = 2
 				if len(conds) == 2 && conds[1].Name != split {
 					t.Errorf("%s: policy %s's second match condition is %s, want %s", c.Name, vap.Name, conds[1].Name, split)
 				}
 			}
-			if len(conds) != wantConds || conds[0].Expression != fmt.Sprintf("request.userInfo.username == %q", user) {
-				t.Errorf("%s: policy %s matches %+v, want exactly the user %s", c.Name, vap.Name, conds, user)
+			if len(conds) != wantConds || conds[0].Expression != match {
+				t.Errorf("%s: policy %s matches %+v, want %s", c.Name, vap.Name, conds, match)
 			}
 			if !slices.Equal(bindings[vap.Name], []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
 				t.Errorf("%s: policy %s is bound with actions %v, want exactly Deny", c.Name, vap.Name, bindings[vap.Name])

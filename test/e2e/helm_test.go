@@ -88,6 +88,7 @@ func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
 		checkIMEXLock(ctx, t, c, combo.Name, combo.Release.Namespace, manifests)
 		if rendersController(t, manifests) {
 			checkControllerLock(ctx, t, c, combo.Name, combo.Release.Namespace)
+			checkGangAnnotations(ctx, t, c, combo.Name, combo.Release.Namespace)
 		}
 		a.deleteClusterScoped(ctx, t, combo.Name, created)
 	}

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -651,4 +652,78 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 	if err := pods.Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("%s: the plugin's account cannot delete its own node's IMEX daemon pod: %v", combo, err)
 	}
+}
+
+// checkGangAnnotations writes as a tenant who may create and update claims
+// and pods in namespace, with the chart's tessera-gang-annotations policy
+// loaded: a claim or pod created with an annotation the controller writes
+// (a domain claim's nodes, a member's placement), or a claim updated to
+// add one (a rank), is refused naming the annotation; other annotations
+// are the tenant's to write; a cluster administrator is let through.
+func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
+	t.Helper()
+	admin := c.Client()
+	const tenant = "tenant-a"
+	_, err := admin.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: tenant},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"", "resource.k8s.io"}, Resources: []string{"pods", "resourceclaims"},
+			Verbs: []string{"get", "create", "update", "delete"}}},
+	}, metav1.CreateOptions{})
+	noErr(t, err)
+	_, err = admin.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: tenant},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: tenant},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: tenant}},
+	}, metav1.CreateOptions{})
+	noErr(t, err)
+	cfg := rest.CopyConfig(c.RESTConfig())
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: tenant, Groups: []string{"system:authenticated"}}
+	user, err := kubernetes.NewForConfig(cfg)
+	noErr(t, err)
+	claim := func(name string, annotations map[string]string) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: annotations},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "channel", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "domain.gpu.tessera.dev"}}}}},
+		}
+	}
+	claims := user.ResourceV1().ResourceClaims(namespace)
+	start := time.Now()
+	err = refusedOnceLoaded(ctx, func(n int) error {
+		_, err := claims.Create(ctx, claim(fmt.Sprintf("forged-%d", n), map[string]string{gangv1.AnnotationNodes: "node-a=192.0.2.1,node-b=198.51.100.7"}), metav1.CreateOptions{})
+		return err
+	}, func(n int) {
+		_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, fmt.Sprintf("forged-%d", n), metav1.DeleteOptions{})
+	})
+	if !expectRefusal(t, combo+": a tenant creates a domain claim listing the IMEX nodes", err, "annotations gang.tessera.dev/nodes are written by tessera-controller only") {
+		return
+	}
+	t.Logf("%s: gang-annotations policy refused a tenant's forged nodes %v after the install", combo, time.Since(start).Round(time.Millisecond))
+
+	own, err := claims.Create(ctx, claim("own", map[string]string{"example.com/team": "vision"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("%s: a tenant cannot create a claim with an annotation of its own: %v", combo, err)
+	}
+	ranked := own.DeepCopy()
+	ranked.Annotations[gangv1.AnnotationRank] = "0"
+	_, err = claims.Update(ctx, ranked, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": a tenant gives its claim a rank", err, "annotations gang.tessera.dev/rank are written by tessera-controller only")
+	noted := own.DeepCopy()
+	noted.Annotations["example.com/team"] = "speech"
+	if _, err := claims.Update(ctx, noted, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: a tenant cannot change its own annotation on its claim: %v", combo, err)
+	}
+	_, err = user.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "forged-member", Namespace: namespace,
+			Annotations: map[string]string{gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1"}}},
+	}, metav1.CreateOptions{})
+	expectRefusal(t, combo+": a tenant creates a pod with a member's placement and rank", err, "are written by tessera-controller only")
+	byAdmin, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, claim("restored", map[string]string{gangv1.AnnotationRank: "3"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Errorf("%s: a cluster administrator cannot create a claim with a rank (a restore): %v", combo, err)
+	} else {
+		_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, byAdmin.Name, metav1.DeleteOptions{})
+	}
+	_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, own.Name, metav1.DeleteOptions{})
 }
