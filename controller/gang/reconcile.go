@@ -344,10 +344,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 			return true, result{requeueAfter: time.Second}, err
 		}
 		recheck = sooner(recheck, again)
-		if err := parallel(len(retry), func(i int) error { return nudge(ctx, r.client, retry[i], now) }); err != nil {
-			return true, result{}, err
-		}
+		// Only a speed-up: a failed ask is logged, and the next look
+		// asks again; the gang's repairs and status go on.
+		every := min(prepareRetryAfter, r.unschedulableGrace)
 		for _, m := range retry {
+			if err := nudge(ctx, r.client, m, now, every); err != nil {
+				klog.FromContext(ctx).Error(err, "Could not ask the kubelet to prepare a late member again", "pod", klog.KObj(m.pod))
+				continue
+			}
 			klog.FromContext(ctx).Info("Asked the kubelet to prepare a late member again", "pod", klog.KObj(m.pod), "node", m.pod.Spec.NodeName)
 		}
 	}

@@ -387,11 +387,12 @@ func TestABoundMemberWhoseDeviceIsAllocatedTwiceIsLost(t *testing.T) {
 }
 
 // A member refused at prepare while another claim held its device, whose
-// device is free again by the end of the grace period, is not lost: its
-// kubelet would retry only at its next resync (up to 90 s later), so the
-// controller changes the member's prepare-retry annotation, which makes the
-// kubelet sync it at once; once per grace period, and only for a member
-// whose sandbox is not made (its claims not prepared).
+// device is free again, is not lost: its kubelet would retry only at its
+// next resync (60 to 90 s later), so the controller changes the member's
+// prepare-retry annotation, which makes the kubelet sync it at once: 10 s
+// after the bind (the kubelet's own back-off after a failed sync), well
+// within the grace (1m here), then at most once per 10 s, and only for a
+// member whose sandbox is not made (its claims not prepared).
 func TestALateMemberWhoseDeviceIsFreeAgainIsPreparedAgain(t *testing.T) {
 	// podUpdates counts the controller's updates of pods so far (releases
 	// included).
@@ -403,75 +404,87 @@ func TestALateMemberWhoseDeviceIsFreeAgainIsPreparedAgain(t *testing.T) {
 		}
 		return n
 	}
-	t.Run("past the grace", func(t *testing.T) {
-		snap, nodes := trays(t, map[string]uint32{"a1": 1})
-		f := newFakeCluster(t, snap, nodes)
-		f.placedGang(2 * time.Minute)
-		released := podUpdates(f)
-		before := time.Now().Add(-time.Second)
-		if _, err := f.reconcile("ml", "g"); err != nil {
-			t.Fatal(err)
-		}
-		if len(f.evicted) != 0 {
-			t.Errorf("evicted %v: a member whose devices are free is not lost", f.evicted)
-		}
-		for _, name := range []string{"m-0", "m-1"} {
-			p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			at, set := p.Annotations[gangv1.AnnotationPrepareRetry]
-			switch when, err := time.Parse(time.RFC3339, at); {
-			case name == "m-0" && set:
-				t.Errorf("running member m-0 was asked to prepare again (%s)", at)
-			case name == "m-1" && (err != nil || when.Before(before.Truncate(time.Second))):
-				t.Errorf("late member m-1: %s = %q, want the time of the reconcile", gangv1.AnnotationPrepareRetry, at)
-			}
-		}
-		if n := podUpdates(f) - released; n != 1 {
-			t.Fatalf("%d pod updates, want 1", n)
-		}
-		res, err := f.reconcile("ml", "g")
+	retried := func(t *testing.T, f *fakeCluster, name string) string {
+		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := podUpdates(f) - released; n != 1 {
-			t.Errorf("%d pod updates after a second look within the grace, want still 1", n)
-		}
-		if res.requeueAfter <= 0 || res.requeueAfter > time.Minute {
-			t.Errorf("look again in %v, want within the grace (1m)", res.requeueAfter)
-		}
-	})
-	t.Run("within the grace", func(t *testing.T) {
-		snap, nodes := trays(t, map[string]uint32{"a1": 1})
-		f := newFakeCluster(t, snap, nodes)
-		f.placedGang(20 * time.Second)
-		released := podUpdates(f)
-		if _, err := f.reconcile("ml", "g"); err != nil {
-			t.Fatal(err)
-		}
-		if n := podUpdates(f) - released; n != 0 {
-			t.Errorf("%d pod updates for a member bound 20 s ago, want none", n)
-		}
-	})
-	t.Run("sandbox made", func(t *testing.T) {
-		snap, nodes := trays(t, map[string]uint32{"a1": 1})
-		f := newFakeCluster(t, snap, nodes)
-		f.placedGang(2 * time.Minute)
-		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, "m-1", metav1.GetOptions{})
+		return p.Annotations[gangv1.AnnotationPrepareRetry]
+	}
+	setRetried := func(t *testing.T, f *fakeCluster, name, at string) {
+		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.PodReadyToStartContainers, Status: v1.ConditionTrue})
+		p.Annotations[gangv1.AnnotationPrepareRetry] = at
 		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
 			t.Fatal(err)
 		}
-		released := podUpdates(f)
-		if _, err := f.reconcile("ml", "g"); err != nil {
-			t.Fatal(err)
-		}
-		if n := podUpdates(f) - released; n != 0 {
-			t.Errorf("%d pod updates for a member whose claims are prepared (its images still pulling), want none", n)
-		}
-	})
+	}
+	for _, tc := range []struct {
+		name    string
+		bound   time.Duration
+		sandbox bool
+		// retriedAt, if set, is m-1's annotation before the reconcile.
+		retriedAt string
+		want      int
+	}{
+		{name: "bound 20 s, within the grace", bound: 20 * time.Second, want: 1},
+		{name: "bound 2 min, past the grace", bound: 2 * time.Minute, want: 1},
+		{name: "bound 5 s", bound: 5 * time.Second, want: 0},
+		{name: "asked 3 s ago", bound: 2 * time.Minute, retriedAt: time.Now().Add(-3 * time.Second).UTC().Format(time.RFC3339), want: 0},
+		{name: "asked 30 s ago", bound: 2 * time.Minute, retriedAt: time.Now().Add(-30 * time.Second).UTC().Format(time.RFC3339), want: 1},
+		{name: "asked in the future", bound: 2 * time.Minute, retriedAt: time.Now().Add(time.Hour).UTC().Format(time.RFC3339), want: 1},
+		{name: "asked at no time", bound: 2 * time.Minute, retriedAt: "soon", want: 1},
+		{name: "sandbox made (images pulling)", bound: 2 * time.Minute, sandbox: true, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, nodes := trays(t, map[string]uint32{"a1": 1})
+			f := newFakeCluster(t, snap, nodes)
+			f.placedGang(tc.bound)
+			if tc.retriedAt != "" {
+				setRetried(t, f, "m-1", tc.retriedAt)
+			}
+			if tc.sandbox {
+				p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, "m-1", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.PodReadyToStartContainers, Status: v1.ConditionTrue})
+				if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			released := podUpdates(f)
+			before := time.Now().Add(-time.Second).Truncate(time.Second)
+			res, err := f.reconcile("ml", "g")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(f.evicted) != 0 {
+				t.Errorf("evicted %v: a member whose devices are free is not lost", f.evicted)
+			}
+			if n := podUpdates(f) - released; n != tc.want {
+				t.Fatalf("%d pod updates, want %d", n, tc.want)
+			}
+			if at := retried(t, f, "m-0"); at != "" {
+				t.Errorf("running member m-0 was asked to prepare again (%s)", at)
+			}
+			if tc.want == 1 {
+				if when, err := time.Parse(time.RFC3339, retried(t, f, "m-1")); err != nil || when.Before(before) || when.After(time.Now()) {
+					t.Errorf("m-1: %s = %q, want the time of the reconcile", gangv1.AnnotationPrepareRetry, retried(t, f, "m-1"))
+				}
+				// A second look within 10 s asks nothing more.
+				if _, err := f.reconcile("ml", "g"); err != nil {
+					t.Fatal(err)
+				}
+				if n := podUpdates(f) - released; n != 1 {
+					t.Errorf("%d pod updates after a second look at once, want still 1", n)
+				}
+			}
+			if res.requeueAfter <= 0 || res.requeueAfter > 10*time.Second && !tc.sandbox {
+				t.Errorf("look again in %v, want within 10 s", res.requeueAfter)
+			}
+		})
+	}
 }

@@ -56,20 +56,29 @@ func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck 
 // when members bound more recently, or not started without a double
 // allocation, are to be looked at again.
 //
-// retry names the late members whose claims fit again and whose kubelet has
-// not made their sandbox: a prepare refused while the other claim held the
-// device, which has gone since. The kubelet does not count a refused prepare
-// as a failed sync and tries again only at its next resync (up to 1.5 times
-// its sync frequency, 90 s by default); the caller asks it sooner (nudge),
-// at most once per grace period per member.
+// retry names the members bound for prepareRetryAfter (or the grace,
+// when shorter) without a sandbox whose claims fit: most often a prepare
+// refused while another claim held the device, which has gone since. The
+// kubelet does not count a refused prepare as a failed sync and tries again
+// only at its next resync (its sync frequency, 1m by default, plus up to
+// half that); the caller asks it sooner (nudge), at most once per
+// prepareRetryAfter per member.
 func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (lost []string, retry []*member, recheck time.Duration, _ error) {
+	retryAfter := min(prepareRetryAfter, r.unschedulableGrace)
 	var late []*member
 	for _, m := range in {
 		if m.gated() || m.pod.Spec.NodeName == "" || m.pod.Status.Phase != v1.PodPending || len(m.claims) == 0 {
 			continue
 		}
-		if left := r.unschedulableGrace - now.Sub(boundSince(m.pod)); left > 0 {
-			recheck = sooner(recheck, left)
+		bound := now.Sub(boundSince(m.pod))
+		lostIn := r.unschedulableGrace - bound
+		if !sandboxReady(m.pod) {
+			if left := retryAfter - bound; left > 0 {
+				recheck = sooner(recheck, left)
+				continue
+			}
+		} else if lostIn > 0 {
+			recheck = sooner(recheck, lostIn)
 			continue
 		}
 		late = append(late, m)
@@ -105,19 +114,37 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		if err != nil {
 			return nil, nil, 0, err
 		}
+		bound := now.Sub(boundSince(m.pod))
 		switch {
-		case why != "":
+		case why != "" && bound >= r.unschedulableGrace:
 			lost = append(lost, fmt.Sprintf("member %s is bound to %s but has not started in %v: %s; the kubelet plugin refuses to prepare a device another claim holds",
-				m.pod.Name, m.pod.Spec.NodeName, now.Sub(boundSince(m.pod)).Round(time.Second), why))
-		case !sandboxReady(m.pod) && now.Sub(retriedAt(m.pod)) >= r.unschedulableGrace:
-			retry = append(retry, m)
+				m.pod.Name, m.pod.Spec.NodeName, bound.Round(time.Second), why))
+		case why != "":
+			// Refused, and the other claim still holds the device: lost
+			// at the end of the grace unless it goes.
+			recheck = sooner(recheck, min(retryAfter, r.unschedulableGrace-bound))
+		case sandboxReady(m.pod):
+			recheck = sooner(recheck, r.unschedulableGrace)
+		default:
+			if since := now.Sub(retriedAt(m.pod, now)); since >= retryAfter {
+				retry = append(retry, m)
+			} else {
+				recheck = sooner(recheck, retryAfter-since)
+				continue
+			}
+			recheck = sooner(recheck, retryAfter)
 		}
 	}
 	if len(lost) != 0 {
 		return lost, nil, recheck, nil
 	}
-	return nil, retry, sooner(recheck, r.unschedulableGrace), nil
+	return nil, retry, recheck, nil
 }
+
+// prepareRetryAfter is how long a bound member without a sandbox waits
+// before the controller asks its kubelet to prepare it again, and between
+// two asks: the kubelet's own back-off after a failed sync.
+const prepareRetryAfter = 10 * time.Second
 
 // sandboxReady says whether the kubelet has made the pod's sandbox, which
 // it does only once the pod's claims are prepared.
@@ -131,11 +158,12 @@ func sandboxReady(p *v1.Pod) bool {
 }
 
 // retriedAt is when the controller last asked the pod's kubelet to prepare
-// it again (gangv1.AnnotationPrepareRetry); the zero time if never, or if
-// the value is not a time.
-func retriedAt(p *v1.Pod) time.Time {
+// it again (gangv1.AnnotationPrepareRetry); the zero time if never, if the
+// value is not a time, or if it lies after now (a clock ahead, or a hand
+// edit, would otherwise silence the asks until then).
+func retriedAt(p *v1.Pod, now time.Time) time.Time {
 	at, err := time.Parse(time.RFC3339, p.Annotations[gangv1.AnnotationPrepareRetry])
-	if err != nil {
+	if err != nil || at.After(now) {
 		return time.Time{}
 	}
 	return at
@@ -144,32 +172,35 @@ func retriedAt(p *v1.Pod) time.Time {
 // nudge sets gangv1.AnnotationPrepareRetry on a released member to now: a
 // change of the pod's annotations makes its kubelet sync the pod at once,
 // preparing its claims again. Nothing else of the pod changes. An update,
-// as release does: the controller's role grants no patch.
-func nudge(ctx context.Context, client kubernetes.Interface, m *member, now time.Time) error {
+// as release does: the controller's role grants no patch. A pod gone, or
+// asked again meanwhile (by a controller reading a fresher cache), is left
+// alone.
+func nudge(ctx context.Context, client kubernetes.Interface, m *member, now time.Time, every time.Duration) error {
 	pods := client.CoreV1().Pods(m.pod.Namespace)
 	p := m.pod.DeepCopy()
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if p.Annotations == nil {
 			p.Annotations = map[string]string{}
 		}
 		p.Annotations[gangv1.AnnotationPrepareRetry] = now.UTC().Format(time.RFC3339)
 		_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
-		switch {
-		case apierrors.IsConflict(err):
-			fresh, gerr := pods.Get(ctx, p.Name, metav1.GetOptions{})
-			if gerr != nil {
-				return gerr
-			}
-			if fresh.UID != m.pod.UID {
-				return nil
-			}
-			p = fresh
+		if !apierrors.IsConflict(err) {
 			return err
-		case err != nil && !apierrors.IsNotFound(err):
-			return fmt.Errorf("ask the kubelet to prepare member %s/%s again: %w", m.pod.Namespace, m.pod.Name, err)
 		}
-		return nil
+		fresh, gerr := pods.Get(ctx, p.Name, metav1.GetOptions{})
+		switch {
+		case gerr != nil:
+			return gerr
+		case fresh.UID != m.pod.UID || fresh.Spec.NodeName == "" || now.Sub(retriedAt(fresh, now)) < every:
+			return nil
+		}
+		p = fresh
+		return err
 	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("ask the kubelet to prepare member %s/%s again: %w", m.pod.Namespace, m.pod.Name, err)
+	}
+	return nil
 }
 
 // boundSince is when the scheduler bound the pod (its PodScheduled
