@@ -657,16 +657,18 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 // checkGangAnnotations writes as a tenant who may create and update claims
 // and pods in namespace, with the chart's tessera-gang-annotations policy
 // loaded: a claim or pod created with an annotation the controller writes
-// (a domain claim's nodes, a member's placement), or a claim updated to
-// add one (a rank), is refused naming the annotation; other annotations
-// are the tenant's to write; a cluster administrator is let through.
+// (a domain claim's nodes, a member's placement), a claim updated to add
+// one (a rank), a placed member's placement removed, or a rank added through
+// a pod's status or binding, is refused naming the annotation; other
+// annotations are the tenant's to write; a cluster administrator is let
+// through.
 func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
 	t.Helper()
 	admin := c.Client()
 	const tenant = "tenant-a"
 	_, err := admin.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: tenant},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"", "resource.k8s.io"}, Resources: []string{"pods", "resourceclaims"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"", "resource.k8s.io"}, Resources: []string{"pods", "pods/status", "pods/binding", "resourceclaims"},
 			Verbs: []string{"get", "create", "update", "delete"}}},
 	}, metav1.CreateOptions{})
 	noErr(t, err)
@@ -719,6 +721,30 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1"}}},
 	}, metav1.CreateOptions{})
 	expectRefusal(t, combo+": a tenant creates a pod with a member's placement and rank", err, "are written by tessera-controller only")
+	// A member the controller placed (made here by the administrator):
+	// the tenant may not strip its placement, nor add a rank through its
+	// status or through a binding, which copies its annotations onto the
+	// pod.
+	placed, err := admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "placed-member", Namespace: namespace, Labels: map[string]string{"app": "train"},
+			Annotations: map[string]string{gangv1.AnnotationPlacement: "p-1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "registry.example/train:1"}}},
+	}, metav1.CreateOptions{})
+	noErr(t, err)
+	defer forceDeletePods(ctx, t, admin, namespace, "app=train")
+	stripped := placed.DeepCopy()
+	delete(stripped.Annotations, gangv1.AnnotationPlacement)
+	_, err = user.CoreV1().Pods(namespace).Update(ctx, stripped, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": a tenant removes a member's placement", err, "annotations gang.tessera.dev/placement are written by tessera-controller only")
+	ranked2 := placed.DeepCopy()
+	ranked2.Annotations[gangv1.AnnotationRank] = "0"
+	_, err = user.CoreV1().Pods(namespace).UpdateStatus(ctx, ranked2, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": a tenant adds a rank through a pod's status", err, "annotations gang.tessera.dev/rank are written by tessera-controller only")
+	err = user.CoreV1().Pods(namespace).Bind(ctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: placed.Name, Annotations: map[string]string{gangv1.AnnotationRank: "0"}},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
+	}, metav1.CreateOptions{})
+	expectRefusal(t, combo+": a tenant binds a member with a rank", err, "annotations gang.tessera.dev/rank are written by tessera-controller only (a gang member's placement, rank and role, a domain claim's nodes): remove them from the binding")
 	byAdmin, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, claim("restored", map[string]string{gangv1.AnnotationRank: "3"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Errorf("%s: a cluster administrator cannot create a claim with a rank (a restore): %v", combo, err)
