@@ -690,6 +690,16 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 		}
 	}
 	claims := user.ResourceV1().ResourceClaims(namespace)
+	// The tenant's role takes effect once the API server's authorizer has
+	// seen it: until its own claim is accepted, a refusal says nothing.
+	var own *resourceapi.ResourceClaim
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		own, err = claims.Create(ctx, claim("own", map[string]string{"example.com/team": "vision"}), metav1.CreateOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: a tenant cannot create a claim with an annotation of its own: %v", combo, err)
+	}
 	start := time.Now()
 	err = refusedOnceLoaded(ctx, func(n int) error {
 		_, err := claims.Create(ctx, claim(fmt.Sprintf("forged-%d", n), map[string]string{gangv1.AnnotationNodes: "node-a=192.0.2.1,node-b=198.51.100.7"}), metav1.CreateOptions{})
@@ -702,10 +712,6 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 	}
 	t.Logf("%s: gang-annotations policy refused a tenant's forged nodes %v after the install", combo, time.Since(start).Round(time.Millisecond))
 
-	own, err := claims.Create(ctx, claim("own", map[string]string{"example.com/team": "vision"}), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%s: a tenant cannot create a claim with an annotation of its own: %v", combo, err)
-	}
 	ranked := own.DeepCopy()
 	ranked.Annotations[gangv1.AnnotationRank] = "0"
 	_, err = claims.Update(ctx, ranked, metav1.UpdateOptions{})
@@ -732,13 +738,26 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 	}, metav1.CreateOptions{})
 	noErr(t, err)
 	defer forceDeletePods(ctx, t, admin, namespace, "app=train")
-	stripped := placed.DeepCopy()
-	delete(stripped.Annotations, gangv1.AnnotationPlacement)
-	_, err = user.CoreV1().Pods(namespace).Update(ctx, stripped, metav1.UpdateOptions{})
+	// The scheduler writes the pod's status meanwhile: each write starts
+	// from the pod as it is.
+	fresh := func() *corev1.Pod {
+		p, err := admin.CoreV1().Pods(namespace).Get(ctx, placed.Name, metav1.GetOptions{})
+		noErr(t, err)
+		return p
+	}
+	err = retry.OnError(retry.DefaultRetry, apierrors.IsConflict, func() error {
+		stripped := fresh()
+		delete(stripped.Annotations, gangv1.AnnotationPlacement)
+		_, err := user.CoreV1().Pods(namespace).Update(ctx, stripped, metav1.UpdateOptions{})
+		return err
+	})
 	expectRefusal(t, combo+": a tenant removes a member's placement", err, "annotations gang.tessera.dev/placement are written by tessera-controller only")
-	ranked2 := placed.DeepCopy()
-	ranked2.Annotations[gangv1.AnnotationRank] = "0"
-	_, err = user.CoreV1().Pods(namespace).UpdateStatus(ctx, ranked2, metav1.UpdateOptions{})
+	err = retry.OnError(retry.DefaultRetry, apierrors.IsConflict, func() error {
+		ranked2 := fresh()
+		ranked2.Annotations[gangv1.AnnotationRank] = "0"
+		_, err := user.CoreV1().Pods(namespace).UpdateStatus(ctx, ranked2, metav1.UpdateOptions{})
+		return err
+	})
 	expectRefusal(t, combo+": a tenant adds a rank through a pod's status", err, "annotations gang.tessera.dev/rank are written by tessera-controller only")
 	err = user.CoreV1().Pods(namespace).Bind(ctx, &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: placed.Name, Annotations: map[string]string{gangv1.AnnotationRank: "0"}},
