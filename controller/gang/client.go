@@ -54,6 +54,23 @@ func (c Client) Get(ctx context.Context, ns, name string) (*gangv1.Gang, error) 
 	return FromUnstructured(u)
 }
 
+// List reads every gang in every namespace.
+func (c Client) List(ctx context.Context) ([]*gangv1.Gang, error) {
+	l, err := c.dyn.Resource(gangv1.GroupVersionResource).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*gangv1.Gang, 0, len(l.Items))
+	for i := range l.Items {
+		g, err := FromUnstructured(&l.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
 // Update writes metadata and spec (annotations, finalizers).
 func (c Client) Update(ctx context.Context, g *gangv1.Gang) (*gangv1.Gang, error) {
 	return c.write(g, func(r dynamic.ResourceInterface, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {

@@ -104,6 +104,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 		members:   map[string]gangv1.Members{},
 		stopped:   make(chan error, 1),
 	}
+	c.r.allGangs = c.cachedGangs
 	handlers := []struct {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
@@ -263,6 +264,20 @@ func (c *Controller) claimChanged(oldObj, newObj any) {
 	if g := old.Annotations[gangv1.AnnotationGang]; g != "" {
 		c.queue.Add(g)
 	}
+}
+
+// cachedGangs are the gangs in the informer's cache (those that do not
+// decode are left out).
+func (c *Controller) cachedGangs() []*gangv1.Gang {
+	var out []*gangv1.Gang
+	for _, o := range c.gangInf.GetStore().List() {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			if g, err := FromUnstructured(u); err == nil {
+				out = append(out, g)
+			}
+		}
+	}
+	return out
 }
 
 func (c *Controller) enqueueAll() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -130,13 +131,28 @@ const clusterPool = "(no single domain)"
 // (as evenly as the nodes allow). It returns nil and every domain's verdict,
 // closest first, when none fits.
 func search(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view) (*plan, []verdict, error) {
-	pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement})
 	cands := withoutIMEXBusy(candidates(snap, driver, nodes), v.imexBusy)
-	if pl.Policy == gangv1.PolicySpread && v.domainClaim == nil {
+	if pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement}); pl.Policy == gangv1.PolicySpread && v.domainClaim == nil {
 		if c := clusterCandidate(snap, driver, nodes); len(c.nodes) > 0 {
 			cands = append(cands, c)
 		}
 	}
+	var held []verdict
+	cands = slices.DeleteFunc(cands, func(c candidate) bool {
+		if why, ok := v.held[c.pool]; ok {
+			held = append(held, verdict{pool: c.pool, lacks: why})
+			return true
+		}
+		return false
+	})
+	p, verdicts, err := searchIn(ctx, snap, driver, nodes, room, v, cands)
+	return p, append(verdicts, held...), err
+}
+
+// searchIn fits the gang into the first of cands that takes it, laid out by
+// its placement policy (see search).
+func searchIn(ctx context.Context, snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, room capacity, v *view, cands []candidate) (*plan, []verdict, error) {
+	pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement})
 	lay := newLayout(pl, true)
 	p, verdicts, err := searchWith(ctx, snap, driver, nodes, room, v, cands, lay)
 	if p != nil || err != nil || lay == nil || pl.Strength != gangv1.StrengthPreferred {

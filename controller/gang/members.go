@@ -92,6 +92,10 @@ type view struct {
 	// gang's NVLink domain claim (a node serves one IMEX domain at a
 	// time), and those without an InternalIP for a daemon to serve on.
 	imexBusy map[string]bool
+	// held are the domains (pools) that gangs of higher priority preempted
+	// pods in and wait for: this gang is not placed there meanwhile. The
+	// value says so in the gang's NoDomainFits message.
+	held map[string]string
 }
 
 // claimGetter looks claims up (an informer's lister).

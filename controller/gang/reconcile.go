@@ -54,6 +54,9 @@ type reconciler struct {
 	// imex and imexNamespace: see Options.IMEXDaemons, DaemonNamespace.
 	imex          bool
 	imexNamespace string
+	// gangs lists every gang (the informer's cache), for the domains that
+	// gangs of higher priority hold while their preempted pods end.
+	allGangs func() []*gangv1.Gang
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -88,6 +91,7 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	st := g.Status.DeepCopy()
 	st.ObservedGeneration = g.Generation
 	st.Members = int32(len(v.live))
+	st.Preemption = nil // only a look that preempts (or waits for its victims) sets it
 	res, err := r.step(ctx, g, v, verr, st)
 	if errors.Is(err, errInterrupted) {
 		return res, err
@@ -186,11 +190,23 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if r.imex && v.domainClaim != nil {
 		v.imexBusy = imexUnusable(snap.Claims, r.driver, v.domainClaim.UID, nodes)
 	}
+	if r.allGangs != nil {
+		priority, _ := gangPriority(v)
+		v.held = heldDomains(r.allGangs(), g, priority)
+	}
 	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {
 		return result{}, err
 	}
 	if p == nil {
+		preempting, err := r.preempt(ctx, g, v, snap, nodes, pods, st)
+		if err != nil {
+			return result{}, err
+		}
+		if preempting {
+			// Freed claims re-queue every gang; this is a safety net.
+			return result{requeueAfter: 5 * time.Second}, nil
+		}
 		msg := noFitMessage(len(v.live), verdicts)
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
 			r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonNoDomainFits, msg)

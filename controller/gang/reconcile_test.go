@@ -81,6 +81,13 @@ func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.
 		pods: corelisters.NewPodLister(f.pods), claims: resourcelisters.NewResourceClaimLister(f.claims), nodes: corelisters.NewNodeLister(f.nodes),
 		recorder: f.events, unschedulableGrace: time.Minute,
 	}
+	f.r.allGangs = func() []*gangv1.Gang {
+		gs, err := f.r.gangs.List(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gs
+	}
 	return f
 }
 
@@ -183,13 +190,23 @@ func (f *fakeCluster) gangMembers(n int, change ...func(*gangv1.Gang)) {
 // its own claim <name>-gpu of gpus GPUs (none when gpus is 0).
 func (f *fakeCluster) member(name string, labels map[string]string, gpus int64) {
 	f.t.Helper()
+	f.memberOf(name, "domain", labels, gpus, nil)
+}
+
+// memberOf is member with the gang's domain claim named domainClaim, and
+// edit, if set, applied to the pod before it is created.
+func (f *fakeCluster) memberOf(name, domainClaim string, labels map[string]string, gpus int64, edit func(*v1.Pod)) {
+	f.t.Helper()
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-pod-" + name), Labels: labels},
 		Spec: v1.PodSpec{
 			SchedulingGates: []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}},
-			ResourceClaims:  []v1.PodResourceClaim{{Name: "domain", ResourceClaimName: ptr.To("domain")}},
+			ResourceClaims:  []v1.PodResourceClaim{{Name: "domain", ResourceClaimName: ptr.To(domainClaim)}},
 		},
 		Status: v1.PodStatus{Phase: v1.PodPending},
+	}
+	if edit != nil {
+		edit(pod)
 	}
 	if gpus == 0 {
 		f.create(pod)

@@ -59,6 +59,11 @@ func (s *GangStatus) DeepCopyInto(out *GangStatus) {
 			s.Conditions[i].DeepCopyInto(&out.Conditions[i])
 		}
 	}
+	if s.Preemption != nil {
+		p := *s.Preemption
+		p.Victims = append([]string(nil), s.Preemption.Victims...)
+		out.Preemption = &p
+	}
 }
 
 // DeepCopyInto copies l into out.

@@ -259,7 +259,29 @@ type GangStatus struct {
 	// placed in an NVLink domain when the kubelet plugins run IMEX daemons
 	// (tessera-controller --imex-daemons).
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Preemption is set while the gang waits for pods it preempted to end:
+	// the domain it freed, its priority and the pods it evicted. Gangs of
+	// lower priority are not placed in that domain meanwhile. Only the
+	// controller writes it; it is recomputed on every look and cleared once
+	// the gang is placed or no longer preempts.
+	Preemption *Preemption `json:"preemption,omitempty"`
 }
+
+// Preemption is a waiting gang's claim on a domain whose lower-priority
+// pods it evicted.
+type Preemption struct {
+	// Domain is the domain's pool (domains/nvlink/... or domains/topology/...).
+	Domain string `json:"domain"`
+	// Priority is the gang's priority: the lowest of its members' pods.
+	Priority int32 `json:"priority"`
+	// Victims are the pods evicted for the gang (namespace/name), whose
+	// ending it waits for; at most MaxPreemptionVictims are listed.
+	Victims []string `json:"victims,omitempty"`
+}
+
+// MaxPreemptionVictims bounds Preemption.Victims (the rest are counted in
+// the Waiting condition's message).
+const MaxPreemptionVictims = 32
 
 // Condition types.
 const (
@@ -297,6 +319,11 @@ const (
 	ReasonConflict         = "AllocationConflict"
 	ReasonNone             = "None"
 	ReasonPlacementPending = "PlacementPending"
+	// ReasonPreempting: waiting for the lower-priority pods the gang
+	// evicted (status.preemption) to end. Also the event on the gang.
+	ReasonPreempting = "Preempting"
+	// ReasonPreempted is the event on each pod a gang evicts.
+	ReasonPreempted = "Preempted"
 	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
 	// not be met (the Placed condition's message says where).
 	ReasonPolicyNotMet = "PlacementPolicyNotMet"

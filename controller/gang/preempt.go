@@ -1,0 +1,439 @@
+package gang
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// Gang preemption. A gang that fits no domain may free one by evicting pods
+// of lower priority there, as a unit: a placed gang's pods all together,
+// another pod alone. The state lives in the API, as the placement's does:
+// the evicted pods are being deleted (their claims count as free in the
+// preemption's own fit check, so a later look evicts nothing more while
+// they end), and the gang's status.preemption names the domain, which keeps
+// gangs of lower priority out of it meanwhile.
+
+// unit is what a preemption evicts together.
+type unit struct {
+	// name says what it is: "gang ml/train" or "pod ml/x".
+	name string
+	pods []*v1.Pod
+	// priority is the highest of its pods': a unit is as protected as its
+	// most important pod.
+	priority int32
+}
+
+// podPriority is the pod's priority (from its PriorityClass); 0 without.
+func podPriority(p *v1.Pod) int32 {
+	if p.Spec.Priority != nil {
+		return *p.Spec.Priority
+	}
+	return 0
+}
+
+// gangPriority is the lowest of the live members' priorities, so that a
+// gang never preempts a pod as important as any of its members; mayPreempt
+// is false when a member's preemptionPolicy is Never.
+func gangPriority(v *view) (priority int32, mayPreempt bool) {
+	mayPreempt = len(v.live) > 0
+	for i, m := range v.live {
+		if p := podPriority(m.pod); i == 0 || p < priority {
+			priority = p
+		}
+		if pp := m.pod.Spec.PreemptionPolicy; pp != nil && *pp == v1.PreemptNever {
+			mayPreempt = false
+		}
+	}
+	return priority, mayPreempt
+}
+
+// heldDomains are the domains that other gangs of higher priority than
+// priority preempted pods in and still wait for (their status.preemption),
+// with why, for the waiting gang's message.
+func heldDomains(gangs []*gangv1.Gang, self *gangv1.Gang, priority int32) map[string]string {
+	held := map[string]string{}
+	for _, o := range gangs {
+		pre := o.Status.Preemption
+		if pre == nil || (o.Namespace == self.Namespace && o.Name == self.Name) || o.Annotations[gangv1.AnnotationCommitted] != "" || o.DeletionTimestamp != nil || pre.Priority <= priority {
+			continue
+		}
+		held[pre.Domain] = fmt.Sprintf("held for gang %s/%s (priority %d), which preempted pods there", o.Namespace, o.Name, pre.Priority)
+	}
+	return held
+}
+
+// preemption is what one look found: evict victims (none when the pods
+// evicted earlier only have to end) to place the gang in domain.
+type preemption struct {
+	domain  string
+	victims []unit
+	// ending are pods on the domain's nodes already on their way out whose
+	// claims the fit check counted as free.
+	ending []string
+}
+
+// preemptor judges preemptions against one snapshot of the cluster.
+type preemptor struct {
+	snap   *simulate.Snapshot
+	driver string
+	nodes  map[string]*v1.Node
+	pods   []*v1.Pod
+	imex   bool
+	v      *view
+	// byUID are the pods that exist, by UID.
+	byUID map[types.UID]*v1.Pod
+	// podClaims are each pod's allocated claims of the driver.
+	podClaims map[types.UID][]*resourceapi.ResourceClaim
+}
+
+func newPreemptor(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, pods []*v1.Pod, imex bool, v *view) *preemptor {
+	pr := &preemptor{snap: snap, driver: driver, nodes: nodes, pods: pods, imex: imex, v: v, byUID: map[types.UID]*v1.Pod{}, podClaims: map[types.UID][]*resourceapi.ResourceClaim{}}
+	byUID := map[types.UID][]*resourceapi.ResourceClaim{}
+	for _, c := range snap.Claims {
+		if c.Status.Allocation == nil || !ofDriver(c, driver) {
+			continue
+		}
+		for _, ref := range c.Status.ReservedFor {
+			if ref.Resource == "pods" && ref.APIGroup == "" {
+				byUID[ref.UID] = append(byUID[ref.UID], c)
+			}
+		}
+	}
+	for _, p := range pods {
+		pr.byUID[p.UID] = p
+		pr.podClaims[p.UID] = byUID[p.UID]
+	}
+	return pr
+}
+
+// ofDriver says whether the claim holds a device of driver.
+func ofDriver(c *resourceapi.ResourceClaim, driver string) bool {
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == driver {
+			return true
+		}
+	}
+	return false
+}
+
+// freed says whether evicting the pods in gone frees claim c: it is
+// reserved for pods only, and each is evicted, on its way out, or gone.
+func (pr *preemptor) freed(c *resourceapi.ResourceClaim, gone map[types.UID]bool) bool {
+	if c.Status.Allocation == nil || len(c.Status.ReservedFor) == 0 {
+		return false
+	}
+	for _, ref := range c.Status.ReservedFor {
+		if ref.Resource != "pods" || ref.APIGroup != "" {
+			return false
+		}
+		if p, ok := pr.byUID[ref.UID]; ok && !gone[ref.UID] && !finished(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// fits says whether the gang fits in cand once the units' pods are gone.
+func (pr *preemptor) fits(ctx context.Context, cand candidate, units []unit) (bool, error) {
+	gone := map[types.UID]bool{}
+	for _, u := range units {
+		for _, p := range u.pods {
+			gone[p.UID] = true
+		}
+	}
+	snap := &simulate.Snapshot{Classes: pr.snap.Classes, Slices: pr.snap.Slices}
+	for _, c := range pr.snap.Claims {
+		if !pr.freed(c, gone) {
+			snap.Claims = append(snap.Claims, c)
+		}
+	}
+	var left []*v1.Pod
+	for _, p := range pr.pods {
+		if !gone[p.UID] {
+			left = append(left, p)
+		}
+	}
+	v := *pr.v
+	cands := []candidate{{pool: cand.pool, nodes: slices.Clone(cand.nodes)}}
+	if pr.imex && v.domainClaim != nil {
+		cands = withoutIMEXBusy(cands, imexUnusable(snap.Claims, pr.driver, v.domainClaim.UID, pr.nodes))
+	}
+	p, _, err := searchIn(ctx, snap, pr.driver, pr.nodes, newCapacity(pr.nodes, left), &v, cands)
+	return p != nil, err
+}
+
+// units are the pods on cand's nodes holding the driver's devices that a
+// gang of priority may evict, grouped: the live pods of one placed gang
+// (its placement annotation) together, any other pod alone. A unit of
+// priority or higher, one that a PodDisruptionBudget would not let go whole,
+// and the gang's own members are left out. ending lists the pods on its
+// nodes already on their way out.
+func (pr *preemptor) units(cand candidate, priority int32, budgets []*policyv1.PodDisruptionBudget) (eligible []unit, ending []string) {
+	on := map[string]bool{}
+	for _, n := range cand.nodes {
+		on[n] = true
+	}
+	own := map[types.UID]bool{}
+	for _, m := range pr.v.live {
+		own[m.pod.UID] = true
+	}
+	byKey := map[string]*unit{}
+	var keys []string
+	for _, p := range pr.pods {
+		if !on[p.Spec.NodeName] || own[p.UID] || len(pr.podClaims[p.UID]) == 0 {
+			continue
+		}
+		if finished(p) {
+			ending = append(ending, p.Namespace+"/"+p.Name)
+			continue
+		}
+		key, name := "pod "+p.Namespace+"/"+p.Name, "pod "+p.Namespace+"/"+p.Name
+		if id := p.Annotations[gangv1.AnnotationPlacement]; id != "" {
+			key, name = "placement "+p.Namespace+"/"+id, "gang "+pr.gangOf(p)
+		}
+		if byKey[key] == nil {
+			byKey[key] = &unit{name: name}
+			keys = append(keys, key)
+		}
+	}
+	for _, p := range pr.pods {
+		if finished(p) || own[p.UID] {
+			continue
+		}
+		key := "pod " + p.Namespace + "/" + p.Name
+		if id := p.Annotations[gangv1.AnnotationPlacement]; id != "" {
+			key = "placement " + p.Namespace + "/" + id
+		}
+		u := byKey[key]
+		if u == nil {
+			continue
+		}
+		if len(u.pods) == 0 || podPriority(p) > u.priority {
+			u.priority = podPriority(p)
+		}
+		u.pods = append(u.pods, p)
+	}
+	for _, k := range keys {
+		u := byKey[k]
+		if u.priority >= priority || !budgetsAllow(budgets, u.pods) {
+			continue
+		}
+		// A gang's members go in the order its own repairs evict them:
+		// the last role's (highest ranks) first.
+		sort.SliceStable(u.pods, func(i, j int) bool { return rankOf(u.pods[i]) > rankOf(u.pods[j]) })
+		eligible = append(eligible, *u)
+	}
+	sort.SliceStable(eligible, func(i, j int) bool {
+		a, b := eligible[i], eligible[j]
+		return cmp.Or(cmp.Compare(a.priority, b.priority), cmp.Compare(len(a.pods), len(b.pods)), cmp.Compare(a.name, b.name)) < 0
+	})
+	return eligible, ending
+}
+
+// gangOf names the gang of a placed pod from its claims' gang annotation,
+// else by its placement.
+func (pr *preemptor) gangOf(p *v1.Pod) string {
+	for _, c := range pr.podClaims[p.UID] {
+		if g := c.Annotations[gangv1.AnnotationGang]; g != "" {
+			return g
+		}
+	}
+	return p.Namespace + " placement " + p.Annotations[gangv1.AnnotationPlacement]
+}
+
+// rankOf is a released member's rank (-1 without one).
+func rankOf(p *v1.Pod) int {
+	r, err := strconv.Atoi(p.Annotations[gangv1.AnnotationRank])
+	if err != nil {
+		return -1
+	}
+	return r
+}
+
+// budgetsAllow says whether every PodDisruptionBudget covering the pods
+// allows evicting all of them at once.
+func budgetsAllow(budgets []*policyv1.PodDisruptionBudget, pods []*v1.Pod) bool {
+	for _, b := range budgets {
+		sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+		if err != nil || sel.Empty() {
+			continue // the disruption controller ignores such budgets too
+		}
+		n := int32(0)
+		for _, p := range pods {
+			if p.Namespace == b.Namespace && sel.Matches(labels.Set(p.Labels)) {
+				n++
+			}
+		}
+		if n > 0 && n > b.Status.DisruptionsAllowed {
+			return false
+		}
+	}
+	return true
+}
+
+// cost orders preemptions: the lowest highest victim priority, then the
+// fewest pods, then the lowest sum of priorities.
+type cost struct {
+	maxPriority int32
+	pods        int
+	sum         int64
+}
+
+func costOf(units []unit) cost {
+	var c cost
+	for i, u := range units {
+		if i == 0 || u.priority > c.maxPriority {
+			c.maxPriority = u.priority
+		}
+		c.pods += len(u.pods)
+		for _, p := range u.pods {
+			c.sum += int64(podPriority(p))
+		}
+	}
+	return c
+}
+
+func (c cost) less(o cost) bool {
+	return cmp.Or(cmp.Compare(c.maxPriority, o.maxPriority), cmp.Compare(c.pods, o.pods), cmp.Compare(c.sum, o.sum)) < 0
+}
+
+// choose finds the cheapest preemption over cands (smallest domain first
+// among equals), or nil when no domain fits even with every eligible unit
+// gone. A domain that fits once the pods already ending are gone wins with
+// no victims: the gang waits for them.
+func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int32, budgets []*policyv1.PodDisruptionBudget) (*preemption, error) {
+	var best *preemption
+	var bestCost cost
+	for _, cand := range cands {
+		eligible, ending := pr.units(cand, priority, budgets)
+		ok, err := pr.fits(ctx, cand, nil)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return &preemption{domain: cand.pool, ending: ending}, nil
+		}
+		if len(eligible) == 0 {
+			continue
+		}
+		if ok, err = pr.fits(ctx, cand, eligible); err != nil || !ok {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// The shortest prefix of the cheapest units that frees enough (a
+		// binary search: more units gone never fits less), then every unit
+		// of it not needed, the most important first, is spared.
+		lo, hi := 1, len(eligible)
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if ok, err = pr.fits(ctx, cand, eligible[:mid]); err != nil {
+				return nil, err
+			} else if ok {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		victims := slices.Clone(eligible[:lo])
+		for i := len(victims) - 1; i >= 0 && len(victims) > 1; i-- {
+			without := slices.Delete(slices.Clone(victims), i, i+1)
+			if ok, err = pr.fits(ctx, cand, without); err != nil {
+				return nil, err
+			} else if ok {
+				victims = without
+			}
+		}
+		if c := costOf(victims); best == nil || c.less(bestCost) {
+			best, bestCost = &preemption{domain: cand.pool, victims: victims, ending: ending}, c
+		}
+	}
+	return best, nil
+}
+
+// preempt looks for a domain the gang would fit in once pods of lower
+// priority are evicted there, and evicts them. It returns false (and does
+// nothing) when the gang may not preempt or no domain would fit; else it
+// records the preemption in st (Waiting/Preempting, status.preemption).
+func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, st *gangv1.GangStatus) (bool, error) {
+	priority, may := gangPriority(v)
+	if !may {
+		return false, nil
+	}
+	var cands []candidate
+	for _, c := range candidates(snap, r.driver, nodes) {
+		if _, held := v.held[c.pool]; !held {
+			cands = append(cands, c)
+		}
+	}
+	budgets, err := r.client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, fmt.Errorf("list PodDisruptionBudgets for preemption: %w", err)
+	}
+	var pdbs []*policyv1.PodDisruptionBudget
+	for i := range budgets.Items {
+		pdbs = append(pdbs, &budgets.Items[i])
+	}
+	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v)
+	pre, err := pr.choose(ctx, cands, priority, pdbs)
+	if err != nil || pre == nil {
+		return false, err
+	}
+	logger := klog.FromContext(ctx)
+	var names, described []string
+	count := 0
+	for _, u := range pre.victims {
+		described = append(described, fmt.Sprintf("%s (priority %d, %d pods)", u.name, u.priority, len(u.pods)))
+		for _, p := range u.pods {
+			names = append(names, p.Namespace+"/"+p.Name)
+			count++
+		}
+	}
+	if len(pre.victims) > 0 {
+		msg := fmt.Sprintf("preempting %d pods of lower priority in %s for this gang (priority %d): %s", count, pre.domain, priority, strings.Join(described, ", "))
+		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonPreempting, msg)
+		logger.Info("Gang preempts lower-priority pods", "domain", pre.domain, "priority", priority, "victims", described)
+		for _, u := range pre.victims {
+			for _, p := range u.pods {
+				r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonPreempted, "preempted by gang %s/%s (priority %d) in %s", g.Namespace, g.Name, priority, pre.domain)
+				if err := evict(ctx, r.client, p); err != nil {
+					// The rest are still evicted: a victim gang with a
+					// member gone is repaired as a whole by its own
+					// reconcile anyway.
+					logger.Error(err, "Could not evict a pod the gang preempts", "pod", klog.KObj(p))
+				}
+			}
+		}
+		r.metrics.attempt("preempting")
+	} else {
+		names = pre.ending
+	}
+	sort.Strings(names)
+	waitingFor := fmt.Sprintf("waiting for %d preempted pods to end in %s", len(names), pre.domain)
+	if len(pre.victims) > 0 {
+		waitingFor = fmt.Sprintf("evicted %d pods of lower priority in %s (%s); waiting for them to end", count, pre.domain, strings.Join(described, ", "))
+	}
+	if len(names) > gangv1.MaxPreemptionVictims {
+		names = names[:gangv1.MaxPreemptionVictims]
+	}
+	st.Preemption = &gangv1.Preemption{Domain: pre.domain, Priority: priority, Victims: names}
+	waiting(st, g.Generation, gangv1.ReasonPreempting, waitingFor)
+	return true, nil
+}
