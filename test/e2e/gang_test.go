@@ -309,6 +309,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", func(t *testing.T) { e.refusedThenFreed(ctx, t) })
 	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
 	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { e.smallPodStream(ctx, t) })
+	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { e.preemptsAWholeGang(ctx, t) })
 	// Last: the cluster loses a node.
 	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
 }
