@@ -87,6 +87,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 	nodes := factory.Core().V1().Nodes()
 	slices := factory.Resource().V1().ResourceSlices()
 	gangs := dynFactory.ForResource(gangv1.GroupVersionResource)
+	rules := factory.Resource().V1().DeviceTaintRules()
 	c := &Controller{
 		r: &reconciler{
 			client: client, gangs: NewClient(dyn), driver: opts.Driver,
@@ -95,6 +96,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
 			imex:               opts.IMEXDaemons,
 			imexNamespace:      opts.DaemonNamespace,
+			taintRules:         rules.Lister(),
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
@@ -128,6 +130,8 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			UpdateFunc: func(any, any) { c.enqueueAll() },
 			DeleteFunc: func(any) { c.enqueueAll() },
 		}},
+		// Only read through its lister (the reservations' rules).
+		{rules.Informer(), cache.ResourceEventHandlerFuncs{}},
 		{nodes.Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { c.enqueueAll() },
 			DeleteFunc: func(any) { c.enqueueAll() },

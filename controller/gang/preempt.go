@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -65,15 +66,24 @@ func gangPriority(v *view) (priority int32, mayPreempt bool) {
 
 // heldDomains are the domains that other gangs of higher priority than
 // priority preempted pods in and still wait for (their status.preemption),
-// with why, for the waiting gang's message.
+// and those other gangs of at least that priority reserved
+// (status.reservation), with why, for the waiting gang's message.
 func heldDomains(gangs []*gangv1.Gang, self *gangv1.Gang, priority int32) map[string]string {
 	held := map[string]string{}
 	for _, o := range gangs {
-		pre := o.Status.Preemption
-		if pre == nil || (o.Namespace == self.Namespace && o.Name == self.Name) || o.Annotations[gangv1.AnnotationCommitted] != "" || o.DeletionTimestamp != nil || pre.Priority <= priority {
+		if (o.Namespace == self.Namespace && o.Name == self.Name) || o.Annotations[gangv1.AnnotationCommitted] != "" || o.DeletionTimestamp != nil {
 			continue
 		}
-		held[pre.Domain] = fmt.Sprintf("held for gang %s/%s (priority %d), which preempted pods there", o.Namespace, o.Name, pre.Priority)
+		if pre := o.Status.Preemption; pre != nil && pre.Priority > priority {
+			held[pre.Domain] = fmt.Sprintf("held for gang %s/%s (priority %d), which preempted pods there", o.Namespace, o.Name, pre.Priority)
+		}
+		// A reservation holds against gangs of its priority too: the first
+		// to reserve goes first.
+		if res := o.Status.Reservation; res != nil && res.Priority >= priority {
+			if _, ok := held[res.Domain]; !ok {
+				held[res.Domain] = fmt.Sprintf("reserved for gang %s/%s (priority %d) from %s", o.Namespace, o.Name, res.Priority, res.Start.UTC().Format(time.RFC3339))
+			}
+		}
 	}
 	return held
 }
@@ -151,6 +161,13 @@ func (pr *preemptor) freed(c *resourceapi.ResourceClaim, gone map[types.UID]bool
 
 // fits says whether the gang fits in cand once the units' pods are gone.
 func (pr *preemptor) fits(ctx context.Context, cand candidate, units []unit) (bool, error) {
+	p, err := pr.plan(ctx, cand, units)
+	return p != nil, err
+}
+
+// plan places the gang in cand once the units' pods are gone; nil when it
+// does not fit.
+func (pr *preemptor) plan(ctx context.Context, cand candidate, units []unit) (*plan, error) {
 	gone := map[types.UID]bool{}
 	for _, u := range units {
 		for _, p := range u.pods {
@@ -175,7 +192,7 @@ func (pr *preemptor) fits(ctx context.Context, cand candidate, units []unit) (bo
 		cands = withoutIMEXBusy(cands, imexUnusable(snap.Claims, pr.driver, v.domainClaim.UID, pr.nodes))
 	}
 	p, _, err := searchIn(ctx, snap, pr.driver, pr.nodes, newCapacity(pr.nodes, left), &v, cands)
-	return p != nil, err
+	return p, err
 }
 
 // units are the pods on cand's nodes holding the driver's devices that a

@@ -56,7 +56,7 @@ func (f *fakeCluster) runReleased(names ...string) {
 
 // runningPod creates pod ml/<name> of priority running on node, holding a
 // claim of gpus GPUs that the allocator gives it there.
-func (f *fakeCluster) runningPod(name, node string, gpus int64, priority int32) {
+func (f *fakeCluster) runningPod(name, node string, gpus int64, priority int32, edit ...func(*v1.Pod, *resourceapi.ResourceClaim)) {
 	f.t.Helper()
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-pod-" + name), Labels: map[string]string{"app": name}},
@@ -65,6 +65,9 @@ func (f *fakeCluster) runningPod(name, node string, gpus int64, priority int32) 
 		Status: v1.PodStatus{Phase: v1.PodRunning, ResourceClaimStatuses: []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To(name + "-gpu")}}},
 	}
 	claim := newClaim(name+"-gpu", "gpu.tessera.dev", gpus)
+	for _, e := range edit {
+		e(pod, claim)
+	}
 	snap, err := simulate.List(f.ctx, f.client)
 	if err != nil {
 		f.t.Fatal(err)

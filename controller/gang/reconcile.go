@@ -57,6 +57,9 @@ type reconciler struct {
 	// gangs lists every gang (the informer's cache), for the domains that
 	// gangs of higher priority hold while their preempted pods end.
 	allGangs func() []*gangv1.Gang
+	// taintRules lists DeviceTaintRules (the informer's cache), for the
+	// rules of reservations.
+	taintRules resourcelisters.DeviceTaintRuleLister
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -92,9 +95,15 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	st.ObservedGeneration = g.Generation
 	st.Members = int32(len(v.live))
 	st.Preemption = nil // only a look that preempts (or waits for its victims) sets it
+	st.Reservation = nil
 	res, err := r.step(ctx, g, v, verr, st)
 	if errors.Is(err, errInterrupted) {
 		return res, err
+	}
+	if st.Reservation == nil {
+		// Placed, preempting, or waiting for something no reservation
+		// helps: the gang's rules go (none: only the informer is read).
+		err = errors.Join(err, r.syncReservationRules(ctx, g, nil))
 	}
 	if statusChanged(old, st) {
 		fresh, gerr := r.gangs.Get(ctx, ns, name)
@@ -207,6 +216,13 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 			// Freed claims re-queue every gang; this is a safety net.
 			return result{requeueAfter: 5 * time.Second}, nil
 		}
+		reserved, after, err := r.reserve(ctx, g, v, snap, nodes, pods, st, time.Now())
+		if err != nil {
+			return result{}, err
+		}
+		if reserved {
+			return result{requeueAfter: after}, nil
+		}
 		msg := noFitMessage(len(v.live), verdicts)
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
 			r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonNoDomainFits, msg)
@@ -273,6 +289,10 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if _, err := r.gangs.Update(ctx, g); err != nil {
 		_, _, rbErr := r.rollBackRecorded(ctx, recorded)
 		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
+	}
+	// A reservation's rules go before the members reach the scheduler.
+	if err := r.syncReservationRules(ctx, g, nil); err != nil {
+		logger.Error(err, "Could not remove the reservation of a placed gang; the next look does")
 	}
 	if r.interrupt != nil && r.interrupt(StepRelease) {
 		return result{}, errInterrupted

@@ -42,6 +42,7 @@ type fakeCluster struct {
 	pods    cache.Indexer
 	claims  cache.Indexer
 	nodes   cache.Indexer
+	rules   cache.Indexer
 	// onReconcile, if set, runs once the listers are refilled, before the
 	// reconcile.
 	onReconcile func()
@@ -65,6 +66,7 @@ func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.
 		pods:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 		claims: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 		nodes:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		rules:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 	}
 	// Eviction deletes the pod, as the API server does without a budget.
 	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -80,6 +82,7 @@ func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.
 		client: f.client, gangs: NewClient(dyn), driver: driver,
 		pods: corelisters.NewPodLister(f.pods), claims: resourcelisters.NewResourceClaimLister(f.claims), nodes: corelisters.NewNodeLister(f.nodes),
 		recorder: f.events, unschedulableGrace: time.Minute,
+		taintRules: resourcelisters.NewDeviceTaintRuleLister(f.rules),
 	}
 	f.r.allGangs = func() []*gangv1.Gang {
 		gs, err := f.r.gangs.List(f.ctx)
@@ -131,6 +134,15 @@ func (f *fakeCluster) reconcile(ns, name string) (result, error) {
 		items = append(items, &nodes.Items[i])
 	}
 	_ = f.nodes.Replace(items, "")
+	rules, err := f.client.ResourceV1().DeviceTaintRules().List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	items = nil
+	for i := range rules.Items {
+		items = append(items, &rules.Items[i])
+	}
+	_ = f.rules.Replace(items, "")
 	if f.onReconcile != nil {
 		f.onReconcile()
 	}
@@ -246,7 +258,7 @@ func pinnedTo(p *v1.Pod) string {
 
 func labelGangOf(name string, size int32, domain string) *gangv1.Gang {
 	return &gangv1.Gang{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("uid-gang-" + name)},
 		Spec: gangv1.GangSpec{Size: size, DomainClaimName: domain,
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"gang": name}}},
 	}

@@ -367,13 +367,14 @@ func pinTo(p *v1.Pod, node string) {
 	}
 }
 
-// evict evicts a member through the Eviction API, which marks it with the
-// DisruptionTarget condition (a Job's podFailurePolicy can ignore that).
+// evict evicts a pod (a member of a gang that lost one, a victim of a
+// preemption, a backfill pod) through the Eviction API, which marks it with
+// the DisruptionTarget condition (a Job's podFailurePolicy can ignore that).
 func evict(ctx context.Context, client kubernetes.Interface, p *v1.Pod) error {
 	err := client.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("evict member %s/%s: %w", p.Namespace, p.Name, err)
+		return fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
-	klog.FromContext(ctx).V(2).Info("Evicted gang member", "pod", klog.KObj(p))
+	klog.FromContext(ctx).V(2).Info("Evicted pod", "pod", klog.KObj(p))
 	return nil
 }

@@ -64,6 +64,13 @@ func (s *GangStatus) DeepCopyInto(out *GangStatus) {
 		p.Victims = append([]string(nil), s.Preemption.Victims...)
 		out.Preemption = &p
 	}
+	if s.Reservation != nil {
+		r := *s.Reservation
+		s.Reservation.Start.DeepCopyInto(&r.Start)
+		r.Nodes = append([]string(nil), s.Reservation.Nodes...)
+		r.WaitingFor = append([]string(nil), s.Reservation.WaitingFor...)
+		out.Reservation = &r
+	}
 }
 
 // DeepCopyInto copies l into out.

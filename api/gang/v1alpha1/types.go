@@ -265,7 +265,47 @@ type GangStatus struct {
 	// controller writes it; it is recomputed on every look and cleared once
 	// the gang is placed or no longer preempts.
 	Preemption *Preemption `json:"preemption,omitempty"`
+	// Reservation is set while the gang waits for pods expected to end
+	// (their activeDeadlineSeconds or AnnotationExpectedRuntime) on nodes
+	// it reserved: new pods without a toleration of TaintReserved are kept
+	// off their devices (DeviceTaintRules), and gangs of no higher
+	// priority out of the domain. Only the controller writes it.
+	Reservation *Reservation `json:"reservation,omitempty"`
 }
+
+// Reservation is a waiting gang's hold on the nodes of a domain that are
+// expected to free up first.
+type Reservation struct {
+	// Domain is the domain's pool.
+	Domain string `json:"domain"`
+	// Priority is the gang's priority.
+	Priority int32 `json:"priority"`
+	// Start is when the pods it waits for are expected to have ended;
+	// backfill pods still running then are evicted.
+	Start metav1.Time `json:"start"`
+	// Nodes are the nodes whose devices are reserved.
+	Nodes []string `json:"nodes,omitempty"`
+	// WaitingFor are the pods expected to end by Start (namespace/name); at
+	// most MaxPreemptionVictims are listed.
+	WaitingFor []string `json:"waitingFor,omitempty"`
+}
+
+// Reservation keys.
+const (
+	// AnnotationExpectedRuntime on a pod declares how long it runs from its
+	// start (a Go duration such as "45m"); reservations count on it ending
+	// then, as on its activeDeadlineSeconds (the earlier of the two). Pods
+	// with neither are not expected to end.
+	AnnotationExpectedRuntime = Group + "/expected-runtime"
+	// TaintReserved is the device taint of a reservation (effect
+	// NoSchedule, value the gang's UID). A pod whose claims tolerate it
+	// (operator Exists) is a backfill pod: it may run on reserved devices
+	// and is evicted when the reservation starts.
+	TaintReserved = Group + "/reserved"
+	// LabelReservation marks the DeviceTaintRules of a reservation with
+	// the reserving gang's UID.
+	LabelReservation = Group + "/reservation"
+)
 
 // Preemption is a waiting gang's claim on a domain whose lower-priority
 // pods it evicted.
@@ -324,6 +364,12 @@ const (
 	ReasonPreempting = "Preempting"
 	// ReasonPreempted is the event on each pod a gang evicts.
 	ReasonPreempted = "Preempted"
+	// ReasonReserved: waiting on reserved nodes (status.reservation) for
+	// pods expected to end. Also the event on the gang.
+	ReasonReserved = "Reserved"
+	// ReasonBackfillEvicted is the event on each backfill pod evicted when
+	// a reservation starts.
+	ReasonBackfillEvicted = "BackfillEvicted"
 	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
 	// not be met (the Placed condition's message says where).
 	ReasonPolicyNotMet = "PlacementPolicyNotMet"

@@ -1,0 +1,312 @@
+package gang
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// Reservation with backfill. A gang that fits nowhere and may preempt
+// nothing reserves the nodes of the domain expected to free up first for
+// it: from the pods there that declare when they end (their
+// activeDeadlineSeconds, or annotation gang.tessera.dev/expected-runtime),
+// the controller finds the earliest moment the gang fits (the scheduler's
+// allocator, with those pods gone), and taints the devices of the nodes it
+// would use then (DeviceTaintRules, effect NoSchedule), so that new pods do
+// not take what frees up. Backfill pods, whose claims tolerate the taint,
+// may still run there; those running when the reservation starts are
+// evicted. Gangs of no higher priority are kept out of the domain
+// meanwhile (status.reservation). Like a placement, the reservation is
+// recomputed from the API on every look: a crash at any step leaves rules
+// that the next look keeps or deletes.
+
+// reservationWaitCap bounds the pods listed in a reservation's status.
+const reservationWaitCap = gangv1.MaxPreemptionVictims
+
+// expectedEnd is when the pod is expected to end: its start (or creation)
+// plus the earlier of its activeDeadlineSeconds and its declared expected
+// runtime; false when it declares neither.
+func expectedEnd(p *v1.Pod) (time.Time, bool) {
+	start := p.CreationTimestamp.Time
+	if p.Status.StartTime != nil {
+		start = p.Status.StartTime.Time
+	}
+	var end time.Time
+	ok := false
+	if s := p.Spec.ActiveDeadlineSeconds; s != nil && *s > 0 {
+		end, ok = start.Add(time.Duration(*s)*time.Second), true
+	}
+	if d, err := time.ParseDuration(p.Annotations[gangv1.AnnotationExpectedRuntime]); err == nil && d > 0 {
+		if e := start.Add(d); !ok || e.Before(end) {
+			end, ok = e, true
+		}
+	}
+	return end, ok
+}
+
+// tolerates says whether a device toleration tolerates the reservation's
+// taint (effect NoSchedule).
+func tolerates(t resourceapi.DeviceToleration) bool {
+	if t.Effect != "" && t.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		return false
+	}
+	if t.Operator == resourceapi.DeviceTolerationOpExists {
+		return t.Key == "" || t.Key == gangv1.TaintReserved
+	}
+	return false // the value is a gang's UID: a backfill pod tolerates any reservation
+}
+
+// backfill says whether the pod is a backfill pod: one of its claims
+// tolerates reservations.
+func (pr *preemptor) backfill(p *v1.Pod) bool {
+	for _, c := range pr.podClaims[p.UID] {
+		for _, r := range c.Spec.Devices.Requests {
+			var tols []resourceapi.DeviceToleration
+			if r.Exactly != nil {
+				tols = append(tols, r.Exactly.Tolerations...)
+			}
+			for _, s := range r.FirstAvailable {
+				tols = append(tols, s.Tolerations...)
+			}
+			if slices.ContainsFunc(tols, tolerates) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reservation is where and from when a gang can be placed once the pods
+// expected to end have.
+type reservation struct {
+	domain string
+	start  time.Time
+	// nodes are the nodes the gang would use then.
+	nodes []string
+	// waitingFor are the pods expected to end by start.
+	waitingFor []*v1.Pod
+	// backfill are the backfill pods on the domain's nodes, gone by start.
+	backfill []*v1.Pod
+}
+
+// reserveIn finds the earliest moment the gang fits in cand: backfill pods
+// count as gone (they are evicted at the start), and the pods that declare
+// their end go in the order they are expected to. nil when the gang does
+// not fit even once they all have.
+func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Time) (*reservation, error) {
+	on := map[string]bool{}
+	for _, n := range cand.nodes {
+		on[n] = true
+	}
+	own := map[types.UID]bool{}
+	for _, m := range pr.v.live {
+		own[m.pod.UID] = true
+	}
+	res := &reservation{domain: cand.pool}
+	type timed struct {
+		pod *v1.Pod
+		end time.Time
+	}
+	var ends []timed
+	for _, p := range pr.pods {
+		if !on[p.Spec.NodeName] || own[p.UID] || finished(p) || len(pr.podClaims[p.UID]) == 0 {
+			continue
+		}
+		if pr.backfill(p) {
+			res.backfill = append(res.backfill, p)
+		} else if end, ok := expectedEnd(p); ok {
+			ends = append(ends, timed{p, end})
+		}
+	}
+	sort.SliceStable(ends, func(i, j int) bool { return ends[i].end.Before(ends[j].end) })
+	gone := func(k int) []unit {
+		var us []unit
+		for _, p := range res.backfill {
+			us = append(us, unit{pods: []*v1.Pod{p}})
+		}
+		for _, e := range ends[:k] {
+			us = append(us, unit{pods: []*v1.Pod{e.pod}})
+		}
+		return us
+	}
+	p, err := pr.plan(ctx, cand, gone(len(ends)))
+	if err != nil || p == nil {
+		return nil, err
+	}
+	// p is the plan with ends[:hi] gone; the shortest such prefix is found
+	// by halving (more pods gone never fits less).
+	lo, hi := 0, len(ends)
+	for lo < hi {
+		mid := (lo + hi) / 2
+		q, err := pr.plan(ctx, cand, gone(mid))
+		if err != nil {
+			return nil, err
+		}
+		if q != nil {
+			hi, p = mid, q
+		} else {
+			lo = mid + 1
+		}
+	}
+	res.start = now
+	for _, e := range ends[:lo] {
+		res.waitingFor = append(res.waitingFor, e.pod)
+		if e.end.After(res.start) {
+			res.start = e.end
+		}
+	}
+	set := map[string]bool{}
+	for _, n := range p.nodes {
+		if n != "" && !set[n] {
+			set[n] = true
+			res.nodes = append(res.nodes, n)
+		}
+	}
+	sort.Strings(res.nodes)
+	return res, nil
+}
+
+// reserve looks for the domain where the gang can start first and holds it
+// (see the package comment above). It returns false when no domain will fit
+// it even once every pod that declares its end has ended.
+func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, st *gangv1.GangStatus, now time.Time) (bool, time.Duration, error) {
+	priority, _ := gangPriority(v)
+	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v)
+	var best *reservation
+	for _, c := range candidates(snap, r.driver, nodes) {
+		if _, held := v.held[c.pool]; held {
+			continue
+		}
+		res, err := pr.reserveIn(ctx, c, now)
+		if err != nil {
+			return false, 0, err
+		}
+		if res != nil && (best == nil || res.start.Before(best.start)) {
+			best = res
+		}
+	}
+	if best == nil {
+		return false, 0, nil
+	}
+	if err := r.syncReservationRules(ctx, g, poolsOf(snap, r.driver, best.nodes)); err != nil {
+		return false, 0, err
+	}
+	logger := klog.FromContext(ctx)
+	var evicted []string
+	if !now.Before(best.start) {
+		for _, p := range best.backfill {
+			if !slices.Contains(best.nodes, p.Spec.NodeName) {
+				continue
+			}
+			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s started at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
+			if err := evict(ctx, r.client, p); err != nil {
+				logger.Error(err, "Could not evict a backfill pod at its reservation's start", "pod", klog.KObj(p))
+				continue
+			}
+			evicted = append(evicted, p.Namespace+"/"+p.Name)
+		}
+	}
+	var waitingFor []string
+	for _, p := range best.waitingFor {
+		waitingFor = append(waitingFor, p.Namespace+"/"+p.Name)
+	}
+	sort.Strings(waitingFor)
+	start := best.start.UTC().Format(time.RFC3339)
+	msg := fmt.Sprintf("reserved %s of %s from %s, when the %d pods it waits for are expected to have ended", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
+	if !now.Before(best.start) {
+		msg = fmt.Sprintf("reservation of %s of %s started at %s; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
+	}
+	if len(evicted) > 0 {
+		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
+	}
+	if old := g.Status.Reservation; old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
+		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
+		logger.Info("Gang reserved the nodes expected to free up first", "domain", best.domain, "nodes", best.nodes, "start", start, "waitingFor", len(waitingFor))
+	}
+	if len(waitingFor) > reservationWaitCap {
+		waitingFor = waitingFor[:reservationWaitCap]
+	}
+	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
+	waiting(st, g.Generation, gangv1.ReasonReserved, msg)
+	r.metrics.attempt("reserved")
+	if d := best.start.Sub(now); d > 0 {
+		return true, d, nil
+	}
+	return true, 5 * time.Second, nil
+}
+
+// poolsOf maps each node to the pool of the driver's slices on it.
+func poolsOf(snap *simulate.Snapshot, driver string, nodes []string) map[string]string {
+	want := map[string]bool{}
+	for _, n := range nodes {
+		want[n] = true
+	}
+	pools := map[string]string{}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver == driver && s.Spec.NodeName != nil && want[*s.Spec.NodeName] {
+			pools[*s.Spec.NodeName] = s.Spec.Pool.Name
+		}
+	}
+	return pools
+}
+
+// ruleName names the reservation rule of a gang for a pool.
+func ruleName(g *gangv1.Gang, pool string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(pool))
+	return fmt.Sprintf("tessera-reserve-%s-%08x", g.UID, h.Sum32())
+}
+
+// syncReservationRules makes the gang's DeviceTaintRules taint exactly the
+// devices of these pools (node -> pool); none deletes them all.
+func (r *reconciler) syncReservationRules(ctx context.Context, g *gangv1.Gang, pools map[string]string) error {
+	if r.taintRules == nil {
+		return nil
+	}
+	existing, err := r.taintRules.List(labels.SelectorFromSet(labels.Set{gangv1.LabelReservation: string(g.UID)}))
+	if err != nil {
+		return err
+	}
+	want := map[string]string{}
+	for _, pool := range pools {
+		want[ruleName(g, pool)] = pool
+	}
+	rules := r.client.ResourceV1().DeviceTaintRules()
+	for _, rule := range existing {
+		if _, ok := want[rule.Name]; ok {
+			delete(want, rule.Name)
+			continue
+		}
+		if err := rules.Delete(ctx, rule.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete reservation rule %s of gang %s/%s: %w", rule.Name, g.Namespace, g.Name, err)
+		}
+	}
+	for name, pool := range want {
+		rule := &resourceapi.DeviceTaintRule{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gangv1.LabelReservation: string(g.UID)}},
+			Spec: resourceapi.DeviceTaintRuleSpec{
+				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &r.driver, Pool: &pool},
+				Taint:          resourceapi.DeviceTaint{Key: gangv1.TaintReserved, Value: string(g.UID), Effect: resourceapi.DeviceTaintEffectNoSchedule},
+			},
+		}
+		if _, err := rules.Create(ctx, rule, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("reserve pool %s for gang %s/%s: %w", pool, g.Namespace, g.Name, err)
+		}
+	}
+	return nil
+}
