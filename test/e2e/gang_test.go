@@ -310,6 +310,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
 	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { e.smallPodStream(ctx, t) })
 	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { e.preemptsAWholeGang(ctx, t) })
+	t.Run("AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", func(t *testing.T) { e.reservesAndBackfills(ctx, t) })
 	// Last: the cluster loses a node.
 	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
 }
@@ -395,12 +396,17 @@ func (c *tesseraCluster) deleteGangPods(ctx context.Context, t *testing.T, ns st
 }
 
 func (c *tesseraCluster) hasEvent(ctx context.Context, ns, object, reason string) bool {
+	return c.hasEventOf(ctx, ns, gangv1.Kind, object, reason)
+}
+
+// hasEventOf says whether the object of this kind has an event of reason.
+func (c *tesseraCluster) hasEventOf(ctx context.Context, ns, kind, object, reason string) bool {
 	list, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return false
 	}
 	for _, e := range list.Items {
-		if e.InvolvedObject.Name == object && e.InvolvedObject.Kind == gangv1.Kind && e.Reason == reason {
+		if e.InvolvedObject.Name == object && e.InvolvedObject.Kind == kind && e.Reason == reason {
 			return true
 		}
 	}

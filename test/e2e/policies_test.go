@@ -448,6 +448,46 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 		t.Errorf("%s: the controller cannot delete a domain pool's slice: %v", combo, err)
 	}
 
+	// Reservations' DeviceTaintRules.
+	rules := ctl.ResourceV1().DeviceTaintRules()
+	rule := func(name, pool string, effect resourceapi.DeviceTaintEffect, labelled bool) *resourceapi.DeviceTaintRule {
+		r := &resourceapi.DeviceTaintRule{
+			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + name},
+			Spec: resourceapi.DeviceTaintRuleSpec{
+				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(driverName), Pool: ptr.To(pool)},
+				Taint:          resourceapi.DeviceTaint{Key: gangv1.TaintReserved, Value: "uid-1", Effect: effect},
+			},
+		}
+		if labelled {
+			r.Labels = map[string]string{gangv1.LabelReservation: "uid-1"}
+		}
+		return r
+	}
+	err = refusedOnceLoaded(ctx, func(int) error {
+		_, err := rules.Create(ctx, rule("evict", "node-a", resourceapi.DeviceTaintEffectNoExecute, true), metav1.CreateOptions{})
+		return err
+	}, func(int) {
+		_ = admin.ResourceV1().DeviceTaintRules().Delete(ctx, combo+"-evict", metav1.DeleteOptions{})
+	})
+	if !expectRefusal(t, combo+": the controller writes a NoExecute taint", err, "DeviceTaintRules of its reservations") {
+		return
+	}
+	_, err = rules.Create(ctx, rule("unlabelled", "node-a", resourceapi.DeviceTaintEffectNoSchedule, false), metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller writes a rule of no reservation", err, "DeviceTaintRules of its reservations")
+	_, err = rules.Create(ctx, rule("domain", "domains/nvlink/x", resourceapi.DeviceTaintEffectNoSchedule, true), metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller taints a domain pool", err, "DeviceTaintRules of its reservations")
+	others, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, rule("admins", "node-b", resourceapi.DeviceTaintEffectNoExecute, false), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectRefusal(t, combo+": the controller deletes an administrator's rule", rules.Delete(ctx, others.Name, metav1.DeleteOptions{}), "DeviceTaintRules of its reservations")
+	_ = admin.ResourceV1().DeviceTaintRules().Delete(ctx, others.Name, metav1.DeleteOptions{})
+	if r, err := rules.Create(ctx, rule("reserve", "node-a", resourceapi.DeviceTaintEffectNoSchedule, true), metav1.CreateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot reserve a node pool as controller/gang does: %v", combo, err)
+	} else if err := rules.Delete(ctx, r.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot delete its reservation's rule: %v", combo, err)
+	}
+
 	// Claims.
 	claims := ctl.ResourceV1().ResourceClaims(namespace)
 	claim, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, &resourceapi.ResourceClaim{
