@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -44,6 +45,9 @@ type Options struct {
 	// DaemonNamespace is the kubelet plugins' namespace (their IMEX
 	// daemon pods').
 	DaemonNamespace string
+	// NoReservations: waiting gangs reserve nothing (--gang-reservations=false;
+	// gang.Options.NoReservations).
+	NoReservations bool
 
 	// Addresses are where /metrics and /healthz are served
 	// (--metrics-address, --health-address).
@@ -73,6 +77,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Channels, "domain-channels", 8, "Channel devices per domain: how many gangs with a domain claim can share one domain at once.")
 	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile), or bound there but not started while a device of its claims is allocated to another claim too, before the gang is evicted and placed again.")
 	o.Addresses.AddFlags(fs)
+	fs.Var(invertedBool{&o.NoReservations}, "gang-reservations", "A gang that must wait for pods to end reserves the nodes that free up first (NoSchedule DeviceTaintRules; backfill pods tolerate them). false: waiting gangs reserve nothing, and small pods may keep taking what frees up. Default true.")
 	fs.BoolVar(&o.IMEXDaemons, "imex-daemons", false, "The kubelet plugins run IMEX daemons for gang domain claims on NVLink domains (their --imex-image is set): report the daemons' readiness on each gang placed in an NVLink domain (condition IMEXReady).")
 	fs.StringVar(&o.DaemonNamespace, "daemon-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the kubelet plugins, where their IMEX daemon pods run (the chart installs both in its release namespace); pods labelled as daemons elsewhere are ignored. Environment: POD_NAMESPACE.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
@@ -123,3 +128,28 @@ func (o *Options) apiTimeout() time.Duration {
 	}
 	return o.KubeAPITimeout
 }
+
+// invertedBool is a boolean flag stored negated, so that an Options left
+// zero means the flag's default (true).
+type invertedBool struct{ no *bool }
+
+func (b invertedBool) String() string {
+	if b.no == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*b.no)
+}
+
+func (b invertedBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*b.no = !v
+	return nil
+}
+
+func (b invertedBool) Type() string { return "bool" }
+
+// IsBoolFlag lets --gang-reservations stand alone for true.
+func (b invertedBool) IsBoolFlag() bool { return true }

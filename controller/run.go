@@ -184,6 +184,7 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	gc, err := gang.New(ctx, client, dyn, factory, dynFactory, gang.Options{
 		Driver: slices.DriverName, Resync: resync, Metrics: metrics, Interrupt: o.Interrupt,
 		UnschedulableGrace: o.UnschedulableGrace, IMEXDaemons: o.IMEXDaemons, DaemonNamespace: o.DaemonNamespace,
+		NoReservations: o.NoReservations,
 	})
 	if err != nil {
 		return err

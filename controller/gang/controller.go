@@ -56,6 +56,9 @@ type Options struct {
 	// DaemonNamespace is the kubelet plugins' namespace, where their
 	// IMEX daemon pods run.
 	DaemonNamespace string
+	// NoReservations: a gang that must wait reserves nothing (no
+	// DeviceTaintRules); it is placed when it fits, as before reservations.
+	NoReservations bool
 	// Interrupt, for tests only, is asked at each Step*; returning true
 	// stops the placement there without rollback, as a crash would, and
 	// stops the controller.
@@ -96,6 +99,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
 			imex:               opts.IMEXDaemons,
 			imexNamespace:      opts.DaemonNamespace,
+			noReservations:     opts.NoReservations,
 			taintRules:         rules.Lister(),
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(

@@ -60,6 +60,8 @@ type reconciler struct {
 	// taintRules lists DeviceTaintRules (the informer's cache), for the
 	// rules of reservations.
 	taintRules resourcelisters.DeviceTaintRuleLister
+	// noReservations: see Options.NoReservations.
+	noReservations bool
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -216,12 +218,14 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 			// Freed claims re-queue every gang; this is a safety net.
 			return result{requeueAfter: 5 * time.Second}, nil
 		}
-		reserved, after, err := r.reserve(ctx, g, v, snap, nodes, pods, st, time.Now())
-		if err != nil {
-			return result{}, err
-		}
-		if reserved {
-			return result{requeueAfter: after}, nil
+		if !r.noReservations {
+			reserved, after, err := r.reserve(ctx, g, v, snap, nodes, pods, st, time.Now())
+			if err != nil {
+				return result{}, err
+			}
+			if reserved {
+				return result{requeueAfter: after}, nil
+			}
 		}
 		msg := noFitMessage(len(v.live), verdicts)
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
