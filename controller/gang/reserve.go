@@ -100,14 +100,15 @@ type reservation struct {
 	nodes []string
 	// waitingFor are the pods expected to end by start.
 	waitingFor []*v1.Pod
-	// backfill are the backfill pods on the domain's nodes, gone by start.
+	// backfill are the backfill pods on the domain's nodes: those still
+	// running on its nodes at the start are evicted.
 	backfill []*v1.Pod
 }
 
-// reserveIn finds the earliest moment the gang fits in cand: backfill pods
-// count as gone (they are evicted at the start), and the pods that declare
-// their end go in the order they are expected to. nil when the gang does
-// not fit even once they all have.
+// reserveIn finds the earliest moment the gang fits in cand: the pods that
+// declare their end go in the order they are expected to, and backfill pods
+// that declare none count as gone (they are evicted at the start). nil when
+// the gang does not fit even once they all have.
 func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Time) (*reservation, error) {
 	on := map[string]bool{}
 	for _, n := range cand.nodes {
@@ -123,22 +124,25 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Tim
 		end time.Time
 	}
 	var ends []timed
+	var always []unit
 	for _, p := range pr.pods {
 		if !on[p.Spec.NodeName] || own[p.UID] || finished(p) || len(pr.podClaims[p.UID]) == 0 {
 			continue
 		}
 		if pr.backfill(p) {
 			res.backfill = append(res.backfill, p)
-		} else if end, ok := expectedEnd(p); ok {
+		}
+		// A pod ends when it declares; a backfill pod that declares
+		// nothing is gone at the start (it is evicted then).
+		if end, ok := expectedEnd(p); ok {
 			ends = append(ends, timed{p, end})
+		} else if pr.backfill(p) {
+			always = append(always, unit{pods: []*v1.Pod{p}})
 		}
 	}
 	sort.SliceStable(ends, func(i, j int) bool { return ends[i].end.Before(ends[j].end) })
 	gone := func(k int) []unit {
-		var us []unit
-		for _, p := range res.backfill {
-			us = append(us, unit{pods: []*v1.Pod{p}})
-		}
+		us := slices.Clone(always)
 		for _, e := range ends[:k] {
 			us = append(us, unit{pods: []*v1.Pod{e.pod}})
 		}

@@ -161,3 +161,21 @@ func TestAReservationEvictsItsBackfillAtTheStartAndIsPlacedWhenFree(t *testing.T
 		t.Errorf("rules left after the placement: %+v", rules)
 	}
 }
+
+// A backfill pod that declares its end is expected to end then, like any
+// other: the reservation does not start early to evict it (one that
+// declares nothing is counted gone at the start, and evicted then).
+func TestABackfillPodThatDeclaresItsEndIsWaitedFor(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.runningPod("bf-long", "b1", 3, 0, startedAgo(time.Minute), deadline(11*time.Minute), backfillPod)
+	f.prioGang("big", 4, 1, 0, nil)
+	g := f.reconcileOK("big")
+	r := g.Status.Reservation
+	if r == nil || !slices.Equal(r.WaitingFor, []string{"ml/bf-long"}) || r.Start.Sub(time.Now()) < 9*time.Minute {
+		t.Fatalf("reservation %+v, want it to start when bf-long's deadline ends (10m)", r)
+	}
+	if len(f.evicted) != 0 {
+		t.Errorf("evicted %v before the start", f.evicted)
+	}
+}
