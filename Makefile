@@ -95,6 +95,9 @@ fuzz:
 # BenchmarkGangPlacement runs on the local cluster (gang_<N>_s: gang
 # creation to every member bound) for 64, 128, 256 and 512 members;
 # GANG_BENCH chooses fewer (GANG_BENCH='pods=256$$').
+# BenchmarkGangScheduling (~8 minutes) simulates 32 trays with a stream of
+# one-GPU jobs and gangs of 16, with and without reservations
+# (gang_wait_vs_earliest_*, gpu_utilization_*; docs/gang.md).
 GANG_BENCH ?= .
 # BenchmarkSchedulerThroughput runs the real scheduler on 100 and 500
 # simulated DGX H100 nodes for each case (whole, mig1g, migwhole, timeslice,
@@ -112,8 +115,9 @@ bench: cluster-bins
 	-TESSERA_PLUGIN_BINARY=$(OUTPUT)/bin/tessera-kubelet-plugin \
 		$(GO) test -json -run '^$$' -bench . -benchtime 3x -timeout 15m ./test/bench/ > $(BENCH_OUT)/plugin.json
 	-TESSERA_E2E_NO_BUILD=1 $(GO) test -json -run '^$$' -bench 'BenchmarkGangPlacement/$(GANG_BENCH)' -benchtime 1x -timeout 30m ./test/e2e/ > $(BENCH_OUT)/gang.json
+	-TESSERA_E2E_NO_BUILD=1 $(GO) test -json -run '^$$' -bench 'BenchmarkGangScheduling' -benchtime 1x -timeout 30m ./test/e2e/ > $(BENCH_OUT)/gangsim.json
 	-TESSERA_E2E_NO_BUILD=1 TESSERA_SCHED_PROFILE=$(abspath $(SCHED_PROFILE)) $(GO) test -json -run '^$$' -bench 'BenchmarkSchedulerThroughput/$(SCHED_BENCH)' -benchtime 1x -timeout 60m ./test/e2e/ > $(BENCH_OUT)/sched.json
-	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json $(BENCH_OUT)/sched.json
+	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json $(BENCH_OUT)/gangsim.json $(BENCH_OUT)/sched.json
 
 lint: fmt vet staticcheck
 

@@ -12,13 +12,18 @@ package gang
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -90,7 +95,18 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 	nodes := factory.Core().V1().Nodes()
 	slices := factory.Resource().V1().ResourceSlices()
 	gangs := dynFactory.ForResource(gangv1.GroupVersionResource)
-	rules := factory.Resource().V1().DeviceTaintRules()
+	budgets := factory.Policy().V1().PodDisruptionBudgets()
+	reservations := !opts.NoReservations
+	if reservations {
+		served, err := taintRulesServed(client.Discovery())
+		if err != nil {
+			return nil, err
+		}
+		if !served {
+			klog.FromContext(ctx).Info("The API server does not serve DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): gangs that must wait reserve nothing")
+			reservations = false
+		}
+	}
 	c := &Controller{
 		r: &reconciler{
 			client: client, gangs: NewClient(dyn), driver: opts.Driver,
@@ -99,8 +115,8 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			unschedulableGrace: cmp.Or(opts.UnschedulableGrace, time.Minute),
 			imex:               opts.IMEXDaemons,
 			imexNamespace:      opts.DaemonNamespace,
-			noReservations:     opts.NoReservations,
-			taintRules:         rules.Lister(),
+			noReservations:     !reservations,
+			budgets:            budgets.Lister(),
 		},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
@@ -134,12 +150,21 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			UpdateFunc: func(any, any) { c.enqueueAll() },
 			DeleteFunc: func(any) { c.enqueueAll() },
 		}},
-		// Only read through its lister (the reservations' rules).
-		{rules.Informer(), cache.ResourceEventHandlerFuncs{}},
+		// Only read through its lister (preemption).
+		{budgets.Informer(), cache.ResourceEventHandlerFuncs{}},
 		{nodes.Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { c.enqueueAll() },
 			DeleteFunc: func(any) { c.enqueueAll() },
 		}},
+	}
+	if reservations {
+		rules := factory.Resource().V1().DeviceTaintRules()
+		c.r.taintRules = rules.Lister()
+		// Only read through its lister (the reservations' rules).
+		handlers = append(handlers, struct {
+			inf cache.SharedIndexInformer
+			h   cache.ResourceEventHandler
+		}{rules.Informer(), cache.ResourceEventHandlerFuncs{}})
 	}
 	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandlerWithResyncPeriod(h.h, opts.Resync)
@@ -161,6 +186,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	defer c.r.metrics.watch(c.gangInf.GetStore().List)()
+	if err := c.sweepReservationRules(ctx); err != nil {
+		// Not fatal: the rules of live gangs are kept right by their
+		// reconciles; only a deleted gang's may stay, until the next start.
+		logger.Error(err, "Could not delete the reservation rules of gangs that are gone")
+	}
 	logger.Info("Gang controller started")
 	go func() {
 		for c.work(ctx) {
@@ -294,4 +324,56 @@ func (c *Controller) enqueueAll() {
 			c.queue.Add(u.GetNamespace() + "/" + u.GetName())
 		}
 	}
+}
+
+// taintRulesServed says whether the API server serves DeviceTaintRules in
+// resource.k8s.io/v1 (Kubernetes 1.37 and later), which reservations write.
+func taintRulesServed(d discovery.DiscoveryInterface) (bool, error) {
+	list, err := d.ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String())
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("discover %s: %w", resourceapi.SchemeGroupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "devicetaintrules" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// sweepReservationRules deletes the reservation rules whose gang is gone:
+// a gang whose finalizer was removed by hand, or deleted while the
+// controller was uninstalled, would otherwise leave its nodes reserved.
+func (c *Controller) sweepReservationRules(ctx context.Context) error {
+	if c.r.taintRules == nil {
+		return nil
+	}
+	uids := map[string]bool{}
+	for _, g := range c.cachedGangs() {
+		uids[string(g.UID)] = true
+	}
+	sel, err := labels.Parse(gangv1.LabelReservation)
+	if err != nil {
+		return err
+	}
+	rules, err := c.r.taintRules.List(sel)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, rule := range rules {
+		if uids[rule.Labels[gangv1.LabelReservation]] {
+			continue
+		}
+		err := c.r.client.ResourceV1().DeviceTaintRules().Delete(ctx, rule.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete reservation rule %s: %w", rule.Name, err))
+			continue
+		}
+		klog.FromContext(ctx).Info("Deleted the reservation rule of a gang that is gone", "rule", rule.Name)
+	}
+	return errors.Join(errs...)
 }

@@ -77,15 +77,24 @@ func heldDomains(gangs []*gangv1.Gang, self *gangv1.Gang, priority int32) map[st
 		if pre := o.Status.Preemption; pre != nil && pre.Priority > priority {
 			held[pre.Domain] = fmt.Sprintf("held for gang %s/%s (priority %d), which preempted pods there", o.Namespace, o.Name, pre.Priority)
 		}
-		// A reservation holds against gangs of its priority too: the first
-		// to reserve goes first.
-		if res := o.Status.Reservation; res != nil && res.Priority >= priority {
+		// A reservation holds against gangs of its priority too, if its
+		// gang came first (then by UID): one of two gangs that reserved
+		// the same domain from stale caches gives way.
+		if res := o.Status.Reservation; res != nil && (res.Priority > priority || res.Priority == priority && before(o, self)) {
 			if _, ok := held[res.Domain]; !ok {
 				held[res.Domain] = fmt.Sprintf("reserved for gang %s/%s (priority %d) from %s", o.Namespace, o.Name, res.Priority, res.Start.UTC().Format(time.RFC3339))
 			}
 		}
 	}
 	return held
+}
+
+// before orders gangs of one priority: the older first, then by UID.
+func before(a, b *gangv1.Gang) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.UID < b.UID
 }
 
 // preemption is what one look found: evict victims (none when the pods
@@ -106,14 +115,15 @@ type preemptor struct {
 	pods   []*v1.Pod
 	imex   bool
 	v      *view
+	now    time.Time
 	// byUID are the pods that exist, by UID.
 	byUID map[types.UID]*v1.Pod
 	// podClaims are each pod's allocated claims of the driver.
 	podClaims map[types.UID][]*resourceapi.ResourceClaim
 }
 
-func newPreemptor(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, pods []*v1.Pod, imex bool, v *view) *preemptor {
-	pr := &preemptor{snap: snap, driver: driver, nodes: nodes, pods: pods, imex: imex, v: v, byUID: map[types.UID]*v1.Pod{}, podClaims: map[types.UID][]*resourceapi.ResourceClaim{}}
+func newPreemptor(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, pods []*v1.Pod, imex bool, v *view, now time.Time) *preemptor {
+	pr := &preemptor{snap: snap, driver: driver, nodes: nodes, pods: pods, imex: imex, v: v, now: now, byUID: map[types.UID]*v1.Pod{}, podClaims: map[types.UID][]*resourceapi.ResourceClaim{}}
 	byUID := map[types.UID][]*resourceapi.ResourceClaim{}
 	for _, c := range snap.Claims {
 		if c.Status.Allocation == nil || !ofDriver(c, driver) {
@@ -152,11 +162,25 @@ func (pr *preemptor) freed(c *resourceapi.ResourceClaim, gone map[types.UID]bool
 		if ref.Resource != "pods" || ref.APIGroup != "" {
 			return false
 		}
-		if p, ok := pr.byUID[ref.UID]; ok && !gone[ref.UID] && !finished(p) {
+		if p, ok := pr.byUID[ref.UID]; ok && !gone[ref.UID] && !pr.leaving(p) {
 			return false
 		}
 	}
 	return true
+}
+
+// stuckAfter is how long past its deletion's deadline a pod is still
+// expected to go (a kubelet that was slow): after it, a finalizer or a lost
+// node holds it, and its claims are not counted as freed.
+const stuckAfter = time.Minute
+
+// leaving says whether a pod is on its way out: ended, or being deleted
+// and not stuck past its deadline.
+func (pr *preemptor) leaving(p *v1.Pod) bool {
+	if p.DeletionTimestamp != nil {
+		return pr.now.Before(p.DeletionTimestamp.Add(stuckAfter))
+	}
+	return finished(p)
 }
 
 // fits says whether the gang fits in cand once the units' pods are gone.
@@ -216,9 +240,12 @@ func (pr *preemptor) units(cand candidate, priority int32, budgets []*policyv1.P
 		if !on[p.Spec.NodeName] || own[p.UID] || len(pr.podClaims[p.UID]) == 0 {
 			continue
 		}
-		if finished(p) {
+		if pr.leaving(p) {
 			ending = append(ending, p.Namespace+"/"+p.Name)
 			continue
+		}
+		if finished(p) {
+			continue // stuck on its way out: neither ending nor evictable
 		}
 		key, name := "pod "+p.Namespace+"/"+p.Name, "pod "+p.Namespace+"/"+p.Name
 		if id := p.Annotations[gangv1.AnnotationPlacement]; id != "" {
@@ -287,9 +314,13 @@ func rankOf(p *v1.Pod) int {
 // allows evicting all of them at once.
 func budgetsAllow(budgets []*policyv1.PodDisruptionBudget, pods []*v1.Pod) bool {
 	for _, b := range budgets {
+		if b.Spec.Selector == nil {
+			continue // policy/v1: a budget without a selector covers no pod
+		}
+		// An empty selector covers every pod of the namespace.
 		sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
-		if err != nil || sel.Empty() {
-			continue // the disruption controller ignores such budgets too
+		if err != nil {
+			continue
 		}
 		n := int32(0)
 		for _, p := range pods {
@@ -378,6 +409,14 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 				victims = without
 			}
 		}
+		// Units allowed one by one may overspend a budget together.
+		var all []*v1.Pod
+		for _, u := range victims {
+			all = append(all, u.pods...)
+		}
+		if !budgetsAllow(budgets, all) {
+			continue
+		}
 		if c := costOf(victims); best == nil || c.less(bestCost) {
 			best, bestCost = &preemption{domain: cand.pool, victims: victims, ending: ending}, c
 		}
@@ -400,15 +439,11 @@ func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			cands = append(cands, c)
 		}
 	}
-	budgets, err := r.client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
+	pdbs, err := r.budgets.List(labels.Everything())
 	if err != nil {
 		return false, fmt.Errorf("list PodDisruptionBudgets for preemption: %w", err)
 	}
-	var pdbs []*policyv1.PodDisruptionBudget
-	for i := range budgets.Items {
-		pdbs = append(pdbs, &budgets.Items[i])
-	}
-	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v)
+	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v, time.Now())
 	pre, err := pr.choose(ctx, cands, priority, pdbs)
 	if err != nil || pre == nil {
 		return false, err

@@ -204,6 +204,7 @@ func TestAGangPreemptsOnlyWhatItMay(t *testing.T) {
 		high     int32
 		highEdit func(*v1.Pod)
 		budget   int32 // disruptions the low gang's budget allows; -1: none
+		everyPod bool  // the budget's selector is empty: it covers every pod of the namespace
 		evicted  []string
 		domain   string
 	}{
@@ -211,6 +212,7 @@ func TestAGangPreemptsOnlyWhatItMay(t *testing.T) {
 		{name: "preemptionPolicy Never", high: 1000, highEdit: never, budget: -1},
 		{name: "a budget keeps the low gang", high: 1000, budget: 1, evicted: []string{"mid-b1"}, domain: poolOf(2)},
 		{name: "a budget that allows the whole gang", high: 1000, budget: 2, evicted: []string{"low-1", "low-0"}, domain: poolOf(1)},
+		{name: "an empty selector covers every pod", high: 1000, budget: 1, everyPod: true, evicted: []string{"mid-b1"}, domain: poolOf(2)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := preemptionCluster(t, nil)
@@ -225,9 +227,13 @@ func TestAGangPreemptsOnlyWhatItMay(t *testing.T) {
 				}
 			}
 			if tc.budget >= 0 {
+				sel := &metav1.LabelSelector{MatchLabels: map[string]string{"gang": "low"}}
+				if tc.everyPod {
+					sel = &metav1.LabelSelector{}
+				}
 				f.create(&policyv1.PodDisruptionBudget{
 					ObjectMeta: metav1.ObjectMeta{Name: "low", Namespace: "ml"},
-					Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"gang": "low"}}},
+					Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel},
 					Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: tc.budget},
 				})
 			}

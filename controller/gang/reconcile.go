@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -60,8 +61,11 @@ type reconciler struct {
 	// taintRules lists DeviceTaintRules (the informer's cache), for the
 	// rules of reservations.
 	taintRules resourcelisters.DeviceTaintRuleLister
-	// noReservations: see Options.NoReservations.
+	// noReservations: see Options.NoReservations (and set when the API
+	// server serves no DeviceTaintRules).
 	noReservations bool
+	// budgets lists PodDisruptionBudgets (the informer's cache).
+	budgets policylisters.PodDisruptionBudgetLister
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -102,10 +106,15 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	if errors.Is(err, errInterrupted) {
 		return res, err
 	}
-	if st.Reservation == nil {
+	switch {
+	case err != nil:
+		// A failed look changes no hold: small pods would take what
+		// the reservation kept for the gang.
+		st.Reservation, st.Preemption = old.Reservation, old.Preemption
+	case st.Reservation == nil:
 		// Placed, preempting, or waiting for something no reservation
 		// helps: the gang's rules go (none: only the informer is read).
-		err = errors.Join(err, r.syncReservationRules(ctx, g, nil))
+		err = r.syncReservationRules(ctx, g, nil, false)
 	}
 	if statusChanged(old, st) {
 		fresh, gerr := r.gangs.Get(ctx, ns, name)
@@ -295,7 +304,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
 	}
 	// A reservation's rules go before the members reach the scheduler.
-	if err := r.syncReservationRules(ctx, g, nil); err != nil {
+	if err := r.syncReservationRules(ctx, g, nil, false); err != nil {
 		logger.Error(err, "Could not remove the reservation of a placed gang; the next look does")
 	}
 	if r.interrupt != nil && r.interrupt(StepRelease) {

@@ -17,6 +17,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -43,6 +44,7 @@ type fakeCluster struct {
 	claims  cache.Indexer
 	nodes   cache.Indexer
 	rules   cache.Indexer
+	budgets cache.Indexer
 	// onReconcile, if set, runs once the listers are refilled, before the
 	// reconcile.
 	onReconcile func()
@@ -63,10 +65,11 @@ func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.
 	}
 	f := &fakeCluster{
 		t: t, ctx: ctx, client: fake.NewClientset(objs...), events: record.NewFakeRecorder(100),
-		pods:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
-		claims: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
-		nodes:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		rules:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		pods:    cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
+		claims:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
+		nodes:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		rules:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		budgets: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 	}
 	// Eviction deletes the pod, as the API server does without a budget.
 	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -83,6 +86,7 @@ func newFakeCluster(t *testing.T, snap *simulate.Snapshot, nodes map[string]*v1.
 		pods: corelisters.NewPodLister(f.pods), claims: resourcelisters.NewResourceClaimLister(f.claims), nodes: corelisters.NewNodeLister(f.nodes),
 		recorder: f.events, unschedulableGrace: time.Minute,
 		taintRules: resourcelisters.NewDeviceTaintRuleLister(f.rules),
+		budgets:    policylisters.NewPodDisruptionBudgetLister(f.budgets),
 	}
 	f.r.allGangs = func() []*gangv1.Gang {
 		gs, err := f.r.gangs.List(f.ctx)
@@ -143,6 +147,15 @@ func (f *fakeCluster) reconcile(ns, name string) (result, error) {
 		items = append(items, &rules.Items[i])
 	}
 	_ = f.rules.Replace(items, "")
+	budgets, err := f.client.PolicyV1().PodDisruptionBudgets("").List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	items = nil
+	for i := range budgets.Items {
+		items = append(items, &budgets.Items[i])
+	}
+	_ = f.budgets.Replace(items, "")
 	if f.onReconcile != nil {
 		f.onReconcile()
 	}

@@ -42,10 +42,7 @@ const reservationWaitCap = gangv1.MaxPreemptionVictims
 // plus the earlier of its activeDeadlineSeconds and its declared expected
 // runtime; false when it declares neither.
 func expectedEnd(p *v1.Pod) (time.Time, bool) {
-	start := p.CreationTimestamp.Time
-	if p.Status.StartTime != nil {
-		start = p.Status.StartTime.Time
-	}
+	start := startOf(p)
 	var end time.Time
 	ok := false
 	if s := p.Spec.ActiveDeadlineSeconds; s != nil && *s > 0 {
@@ -59,21 +56,40 @@ func expectedEnd(p *v1.Pod) (time.Time, bool) {
 	return end, ok
 }
 
-// tolerates says whether a device toleration tolerates the reservation's
-// taint (effect NoSchedule).
-func tolerates(t resourceapi.DeviceToleration) bool {
-	if t.Effect != "" && t.Effect != resourceapi.DeviceTaintEffectNoSchedule {
-		return false
+// overrunGrace is how long past its declared end a pod is still expected
+// to end: a kubelet enforcing activeDeadlineSeconds takes seconds; a pod
+// whose expected runtime was a lie stops holding a reservation after this.
+const overrunGrace = time.Minute
+
+// startOf is when the pod started (or was created, before it started).
+func startOf(p *v1.Pod) time.Time {
+	if p.Status.StartTime != nil {
+		return p.Status.StartTime.Time
 	}
-	if t.Operator == resourceapi.DeviceTolerationOpExists {
-		return t.Key == "" || t.Key == gangv1.TaintReserved
-	}
-	return false // the value is a gang's UID: a backfill pod tolerates any reservation
+	return p.CreationTimestamp.Time
 }
 
-// backfill says whether the pod is a backfill pod: one of its claims
-// tolerates reservations.
-func (pr *preemptor) backfill(p *v1.Pod) bool {
+// tolerates says whether a device toleration tolerates gang's reservation
+// taint (effect NoSchedule): its key exactly, with operator Exists (any
+// reservation) or Equal to the gang's UID. A toleration of every taint
+// (no key) does not make a backfill pod: it is how pods tolerate health
+// taints.
+func tolerates(t resourceapi.DeviceToleration, gang types.UID) bool {
+	if t.Key != gangv1.TaintReserved || (t.Effect != "" && t.Effect != resourceapi.DeviceTaintEffectNoSchedule) {
+		return false
+	}
+	switch t.Operator {
+	case resourceapi.DeviceTolerationOpExists:
+		return true
+	case resourceapi.DeviceTolerationOpEqual, "":
+		return t.Value == string(gang)
+	}
+	return false
+}
+
+// backfill says whether the pod is a backfill pod for the gang: one of
+// its claims tolerates the gang's reservation.
+func (pr *preemptor) backfill(p *v1.Pod, gang types.UID) bool {
 	for _, c := range pr.podClaims[p.UID] {
 		for _, r := range c.Spec.Devices.Requests {
 			var tols []resourceapi.DeviceToleration
@@ -83,7 +99,7 @@ func (pr *preemptor) backfill(p *v1.Pod) bool {
 			for _, s := range r.FirstAvailable {
 				tols = append(tols, s.Tolerations...)
 			}
-			if slices.ContainsFunc(tols, tolerates) {
+			if slices.ContainsFunc(tols, func(t resourceapi.DeviceToleration) bool { return tolerates(t, gang) }) {
 				return true
 			}
 		}
@@ -105,11 +121,13 @@ type reservation struct {
 	backfill []*v1.Pod
 }
 
-// reserveIn finds the earliest moment the gang fits in cand: the pods that
-// declare their end go in the order they are expected to, and backfill pods
-// that declare none count as gone (they are evicted at the start). nil when
-// the gang does not fit even once they all have.
-func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Time) (*reservation, error) {
+// reserveIn finds the earliest moment the gang (of priority and UID gang)
+// fits in cand: the pods that declare their end go in the order they are
+// expected to (a pod more than overrunGrace past its end is no longer
+// expected to end), and backfill pods of no higher priority than the gang
+// that declare none count as gone (they are evicted at the start). nil
+// when the gang does not fit even once they all have.
+func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since time.Time, priority int32, gang types.UID) (*reservation, error) {
 	on := map[string]bool{}
 	for _, n := range cand.nodes {
 		on[n] = true
@@ -129,14 +147,19 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Tim
 		if !on[p.Spec.NodeName] || own[p.UID] || finished(p) || len(pr.podClaims[p.UID]) == 0 {
 			continue
 		}
-		if pr.backfill(p) {
+		evictable := podPriority(p) <= priority && pr.backfill(p, gang)
+		if evictable {
 			res.backfill = append(res.backfill, p)
 		}
 		// A pod ends when it declares; a backfill pod that declares
-		// nothing is gone at the start (it is evicted then).
-		if end, ok := expectedEnd(p); ok {
+		// nothing (or overran), or that came onto the reserved devices
+		// (started since the reservation), is gone at the start: it is
+		// evicted then.
+		if evictable && startOf(p).After(since) {
+			always = append(always, unit{pods: []*v1.Pod{p}})
+		} else if end, ok := expectedEnd(p); ok && now.Before(end.Add(overrunGrace)) {
 			ends = append(ends, timed{p, end})
-		} else if pr.backfill(p) {
+		} else if evictable {
 			always = append(always, unit{pods: []*v1.Pod{p}})
 		}
 	}
@@ -167,10 +190,12 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Tim
 			lo = mid + 1
 		}
 	}
+	// The start is the last expected end (now, with none): stable from one
+	// look to the next.
 	res.start = now
-	for _, e := range ends[:lo] {
+	for i, e := range ends[:lo] {
 		res.waitingFor = append(res.waitingFor, e.pod)
-		if e.end.After(res.start) {
+		if i == 0 || e.end.After(res.start) {
 			res.start = e.end
 		}
 	}
@@ -190,13 +215,18 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now time.Tim
 // it even once every pod that declares its end has ended.
 func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, st *gangv1.GangStatus, now time.Time) (bool, time.Duration, error) {
 	priority, _ := gangPriority(v)
-	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v)
+	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v, now)
+	old := g.Status.Reservation
 	var best *reservation
 	for _, c := range candidates(snap, r.driver, nodes) {
 		if _, held := v.held[c.pool]; held {
 			continue
 		}
-		res, err := pr.reserveIn(ctx, c, now)
+		since := now
+		if old != nil && old.Domain == c.pool {
+			since = old.Since.Time
+		}
+		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID)
 		if err != nil {
 			return false, 0, err
 		}
@@ -207,7 +237,16 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if best == nil {
 		return false, 0, nil
 	}
-	if err := r.syncReservationRules(ctx, g, poolsOf(snap, r.driver, best.nodes)); err != nil {
+	// A reservation that started stays started (its backfill evicted),
+	// whatever a later look expects.
+	since := now
+	if old != nil && old.Domain == best.domain {
+		since = old.Since.Time
+		if old.Start.Time.Before(best.start) && !old.Start.Time.After(now) {
+			best.start = old.Start.Time
+		}
+	}
+	if err := r.syncReservationRules(ctx, g, poolsOf(snap, r.driver, best.nodes), !now.Before(best.start)); err != nil {
 		return false, 0, err
 	}
 	logger := klog.FromContext(ctx)
@@ -238,14 +277,14 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
 	}
-	if old := g.Status.Reservation; old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
+	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
 		logger.Info("Gang reserved the nodes expected to free up first", "domain", best.domain, "nodes", best.nodes, "start", start, "waitingFor", len(waitingFor))
 	}
 	if len(waitingFor) > reservationWaitCap {
 		waitingFor = waitingFor[:reservationWaitCap]
 	}
-	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
+	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
 	waiting(st, g.Generation, gangv1.ReasonReserved, msg)
 	r.metrics.attempt("reserved")
 	if d := best.start.Sub(now); d > 0 {
@@ -269,16 +308,32 @@ func poolsOf(snap *simulate.Snapshot, driver string, nodes []string) map[string]
 	return pools
 }
 
-// ruleName names the reservation rule of a gang for a pool.
-func ruleName(g *gangv1.Gang, pool string) string {
+// ruleName names the reservation rule of a gang for a pool with a taint
+// key.
+func ruleName(g *gangv1.Gang, pool, key string) string {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(pool))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(key))
 	return fmt.Sprintf("tessera-reserve-%s-%08x", g.UID, h.Sum32())
 }
 
+// taintKey is the key a reservation's rules taint with: TaintReserved,
+// which backfill pods tolerate, until the start; TaintReservationStarted,
+// which no pod tolerates, from then on, so that no backfill pod takes what
+// the evicted ones free.
+func taintKey(started bool) string {
+	if started {
+		return gangv1.TaintReservationStarted
+	}
+	return gangv1.TaintReserved
+}
+
 // syncReservationRules makes the gang's DeviceTaintRules taint exactly the
-// devices of these pools (node -> pool); none deletes them all.
-func (r *reconciler) syncReservationRules(ctx context.Context, g *gangv1.Gang, pools map[string]string) error {
+// devices of these pools (node -> pool); none deletes them all. It reads
+// the informer's cache, which may lag a rule created on the last look;
+// deleteReservationRules reads the API server.
+func (r *reconciler) syncReservationRules(ctx context.Context, g *gangv1.Gang, pools map[string]string, started bool) error {
 	if r.taintRules == nil {
 		return nil
 	}
@@ -286,30 +341,62 @@ func (r *reconciler) syncReservationRules(ctx context.Context, g *gangv1.Gang, p
 	if err != nil {
 		return err
 	}
+	return r.applyReservationRules(ctx, g, pools, started, existing)
+}
+
+// deleteReservationRules deletes every rule of the gang the API server
+// has, for a gang about to go (its finalizer), when a rule the cache has
+// not seen yet would be left behind for good.
+func (r *reconciler) deleteReservationRules(ctx context.Context, g *gangv1.Gang) error {
+	if r.taintRules == nil {
+		return nil
+	}
+	list, err := r.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{gangv1.LabelReservation: string(g.UID)}).String()})
+	if err != nil {
+		return fmt.Errorf("list the reservation rules of gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	existing := make([]*resourceapi.DeviceTaintRule, len(list.Items))
+	for i := range list.Items {
+		existing[i] = &list.Items[i]
+	}
+	return r.applyReservationRules(ctx, g, nil, false, existing)
+}
+
+// applyReservationRules creates the wanted rules missing, then deletes
+// the existing ones not wanted (in that order, so that a pool changing
+// taint is never untainted in between).
+func (r *reconciler) applyReservationRules(ctx context.Context, g *gangv1.Gang, pools map[string]string, started bool, existing []*resourceapi.DeviceTaintRule) error {
+	key := taintKey(started)
 	want := map[string]string{}
 	for _, pool := range pools {
-		want[ruleName(g, pool)] = pool
+		want[ruleName(g, pool, key)] = pool
 	}
 	rules := r.client.ResourceV1().DeviceTaintRules()
+	have := map[string]bool{}
 	for _, rule := range existing {
-		if _, ok := want[rule.Name]; ok {
-			delete(want, rule.Name)
-			continue
-		}
-		if err := rules.Delete(ctx, rule.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete reservation rule %s of gang %s/%s: %w", rule.Name, g.Namespace, g.Name, err)
-		}
+		have[rule.Name] = true
 	}
 	for name, pool := range want {
+		if have[name] {
+			continue
+		}
 		rule := &resourceapi.DeviceTaintRule{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gangv1.LabelReservation: string(g.UID)}},
 			Spec: resourceapi.DeviceTaintRuleSpec{
 				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &r.driver, Pool: &pool},
-				Taint:          resourceapi.DeviceTaint{Key: gangv1.TaintReserved, Value: string(g.UID), Effect: resourceapi.DeviceTaintEffectNoSchedule},
+				Taint:          resourceapi.DeviceTaint{Key: key, Value: string(g.UID), Effect: resourceapi.DeviceTaintEffectNoSchedule},
 			},
 		}
 		if _, err := rules.Create(ctx, rule, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("reserve pool %s for gang %s/%s: %w", pool, g.Namespace, g.Name, err)
+		}
+	}
+	for _, rule := range existing {
+		if _, ok := want[rule.Name]; ok {
+			continue
+		}
+		if err := rules.Delete(ctx, rule.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete reservation rule %s of gang %s/%s: %w", rule.Name, g.Namespace, g.Name, err)
 		}
 	}
 	return nil

@@ -1,7 +1,9 @@
 package gang
 
 import (
+	"errors"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -136,7 +142,7 @@ func TestAGangReservesTheNodesThatFreeUpFirst(t *testing.T) {
 // (not the pod it waits for, which overran its expected end); once the
 // devices are free, the gang is placed there and the rules go.
 func TestAReservationEvictsItsBackfillAtTheStartAndIsPlacedWhenFree(t *testing.T) {
-	f := reservationCluster(t, -time.Minute)
+	f := reservationCluster(t, -30*time.Second)
 	f.prioGang("big", 4, 1, 0, nil)
 	g := f.reconcileOK("big")
 	if r := g.Status.Reservation; r == nil || !slices.Equal(r.Nodes, []string{"b1"}) || r.Start.After(time.Now()) {
@@ -147,6 +153,11 @@ func TestAReservationEvictsItsBackfillAtTheStartAndIsPlacedWhenFree(t *testing.T
 	}
 	if msg := conditionMessage(&g.Status, gangv1.ConditionWaiting); !strings.Contains(msg, "started") || !strings.Contains(msg, "evicted 1 backfill pods") {
 		t.Errorf("waiting: %s", msg)
+	}
+	// From the start no pod tolerates the taint: backfill pods do not take
+	// what the evicted ones free.
+	if rules := f.taintRules(); len(rules) != 1 || rules[0].Spec.Taint.Key != gangv1.TaintReservationStarted {
+		t.Errorf("rules once started: %+v, want one tainting %s", rules, gangv1.TaintReservationStarted)
 	}
 	// The overrunning pod ends (its deadline), its claims are freed.
 	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "short-b1", metav1.DeleteOptions{}); err != nil {
@@ -177,5 +188,126 @@ func TestABackfillPodThatDeclaresItsEndIsWaitedFor(t *testing.T) {
 	}
 	if len(f.evicted) != 0 {
 		t.Errorf("evicted %v before the start", f.evicted)
+	}
+}
+
+// A pod more than a minute past its declared end (its runtime was a lie, or
+// its deadline is not enforced) no longer holds a reservation, and a pod
+// that tolerates every taint (no key) is not a backfill pod: in either case
+// tray b1 cannot be freed, and the gang reserves the tray whose pod ends in
+// two hours instead.
+func TestNoReservationCountsOnALiarOrOnAPodThatToleratesEverything(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ends time.Duration // of tray b1's three-GPU pod, from now
+		all  bool          // b1's one-GPU pod tolerates every taint instead of the reservation's
+	}{
+		{"a pod two minutes past its declared end", -2 * time.Minute, false},
+		{"a pod that tolerates every taint", 10 * time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := reservationCluster(t, tc.ends)
+			if tc.all {
+				c := f.claim("ml", "bf-b1-gpu")
+				c.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Operator: resourceapi.DeviceTolerationOpExists}}
+				if _, err := f.client.ResourceV1().ResourceClaims("ml").Update(f.ctx, c, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.prioGang("big", 4, 1, 0, nil)
+			g := f.reconcileOK("big")
+			if r := g.Status.Reservation; r == nil || r.Domain != poolOf(1) || !slices.Equal(r.WaitingFor, []string{"ml/long-a1"}) {
+				t.Fatalf("reservation %+v, want clique 1 (a1's pod ends in two hours)", r)
+			}
+			if len(f.evicted) != 0 {
+				t.Errorf("evicted %v", f.evicted)
+			}
+		})
+	}
+}
+
+// A backfill pod that comes onto the reserved devices after the reservation
+// does not move its start, whatever end it declares: it is evicted at the
+// start instead.
+func TestABackfillPodArrivingAfterTheReservationDoesNotDelayIt(t *testing.T) {
+	f := reservationCluster(t, 10*time.Minute)
+	f.prioGang("big", 4, 1, 0, nil)
+	first := f.reconcileOK("big").Status.Reservation
+	if first == nil || !slices.Equal(first.Nodes, []string{"b1"}) {
+		t.Fatalf("reservation %+v, want b1", first)
+	}
+	// bf-b1 ends; a new backfill pod with an hour's deadline takes its GPU.
+	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.freeClaimsOfGonePods()
+	f.runningPod("late", "b1", 1, 0, startedAgo(-2*time.Second), deadline(time.Hour), backfillPod)
+	r := f.reconcileOK("big").Status.Reservation
+	if r == nil || !r.Start.Equal(&first.Start) || !r.Since.Equal(&first.Since) || !slices.Equal(r.Nodes, first.Nodes) {
+		t.Fatalf("reservation after a backfill pod came: %+v, want it unchanged from %+v", r, first)
+	}
+}
+
+// A look that fails (here the API server refuses to list slices) changes no
+// hold: the reservation and its rule stay until a look succeeds.
+func TestAFailedLookKeepsTheReservation(t *testing.T) {
+	f := reservationCluster(t, 10*time.Minute)
+	f.prioGang("big", 4, 1, 0, nil)
+	before := f.reconcileOK("big").Status.Reservation
+	if before == nil || len(f.taintRules()) != 1 {
+		t.Fatalf("reservation %+v, rules %d", before, len(f.taintRules()))
+	}
+	f.client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("the API server is away")
+	})
+	if _, err := f.reconcile("ml", "big"); err == nil {
+		t.Fatal("the look did not fail")
+	}
+	if after := f.gang("ml", "big").Status.Reservation; after == nil || !after.Start.Equal(&before.Start) {
+		t.Errorf("reservation after a failed look: %+v, want %+v", after, before)
+	}
+	if len(f.taintRules()) != 1 {
+		t.Errorf("rules after a failed look: %+v", f.taintRules())
+	}
+}
+
+// At start, the leader deletes the reservation rules of gangs that are gone
+// (a finalizer removed by hand, a gang deleted while no controller ran) and
+// keeps those of live gangs.
+func TestTheLeaderSweepsTheRulesOfGangsThatAreGone(t *testing.T) {
+	f := reservationCluster(t, 10*time.Minute)
+	f.prioGang("big", 4, 1, 0, nil)
+	f.reconcileOK("big")
+	orphan := f.taintRules()[0].DeepCopy()
+	orphan.Name, orphan.ResourceVersion = "tessera-reserve-gone-1", ""
+	orphan.Labels = map[string]string{gangv1.LabelReservation: "uid-gone"}
+	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	unrelated := orphan.DeepCopy()
+	unrelated.Name, unrelated.Labels = "an-administrators-rule", nil
+	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, unrelated, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcileOK("big") // refills the listers
+	inf := cache.NewSharedIndexInformer(&cache.ListWatch{}, &unstructured.Unstructured{}, 0, cache.Indexers{})
+	u, err := toUnstructured(f.gang("ml", "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inf.GetStore().Add(u); err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{r: f.r, gangInf: inf}
+	if err := c.sweepReservationRules(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range f.taintRules() {
+		names = append(names, r.Name)
+	}
+	sort.Strings(names)
+	if want := []string{"an-administrators-rule", ruleName(f.gang("ml", "big"), "b1", gangv1.TaintReserved)}; !slices.Equal(names, want) {
+		t.Errorf("rules after the sweep: %v, want %v", names, want)
 	}
 }

@@ -150,7 +150,7 @@ func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *
 // finalize rolls back an unreleased placement of a deleted gang and lets it
 // go. Released members keep running; gated ones stay gated.
 func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) error {
-	if err := r.syncReservationRules(ctx, g, nil); err != nil {
+	if err := r.deleteReservationRules(ctx, g); err != nil {
 		return err
 	}
 	if _, ok, err := r.rollBackRecorded(ctx, g); err != nil {

@@ -84,16 +84,24 @@ type runningController struct {
 // t's end). interrupt, if set, is the gang.Options.Interrupt test hook.
 func startController(t testing.TB, kubeconfig, topologyKey string, interrupt func(string) bool) *runningController {
 	t.Helper()
+	return startControllerWith(t, kubeconfig, func(o *controller.Options) {
+		o.TopologyKey, o.Interrupt = topologyKey, interrupt
+	})
+}
+
+// startControllerWith is startController with edit applied to its options.
+func startControllerWith(t testing.TB, kubeconfig string, edit func(*controller.Options)) *runningController {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	o := controller.Options{
 		Kubeconfig: kubeconfig, KubeAPIQPS: 500, KubeAPIBurst: 1000,
-		TopologyKey: topologyKey, Channels: 8,
+		Channels:    8,
 		LeaderElect: true, LeaseNamespace: rbac.Namespace, LeaseName: "tessera-controller",
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
-		Interrupt:          interrupt,
 		UnschedulableGrace: unschedulableGrace,
 	}
+	edit(&o)
 	// A free port for /metrics, as the chart gives it one.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

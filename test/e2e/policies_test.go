@@ -452,7 +452,7 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	rules := ctl.ResourceV1().DeviceTaintRules()
 	rule := func(name, pool string, effect resourceapi.DeviceTaintEffect, labelled bool) *resourceapi.DeviceTaintRule {
 		r := &resourceapi.DeviceTaintRule{
-			ObjectMeta: metav1.ObjectMeta{Name: combo + "-" + name},
+			ObjectMeta: metav1.ObjectMeta{Name: "tessera-reserve-" + combo + "-" + name},
 			Spec: resourceapi.DeviceTaintRuleSpec{
 				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(driverName), Pool: ptr.To(pool)},
 				Taint:          resourceapi.DeviceTaint{Key: gangv1.TaintReserved, Value: "uid-1", Effect: effect},
@@ -467,7 +467,7 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 		_, err := rules.Create(ctx, rule("evict", "node-a", resourceapi.DeviceTaintEffectNoExecute, true), metav1.CreateOptions{})
 		return err
 	}, func(int) {
-		_ = admin.ResourceV1().DeviceTaintRules().Delete(ctx, combo+"-evict", metav1.DeleteOptions{})
+		_ = admin.ResourceV1().DeviceTaintRules().Delete(ctx, "tessera-reserve-"+combo+"-evict", metav1.DeleteOptions{})
 	})
 	if !expectRefusal(t, combo+": the controller writes a NoExecute taint", err, "DeviceTaintRules of its reservations") {
 		return
@@ -476,6 +476,10 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	expectRefusal(t, combo+": the controller writes a rule of no reservation", err, "DeviceTaintRules of its reservations")
 	_, err = rules.Create(ctx, rule("domain", "domains/nvlink/x", resourceapi.DeviceTaintEffectNoSchedule, true), metav1.CreateOptions{})
 	expectRefusal(t, combo+": the controller taints a domain pool", err, "DeviceTaintRules of its reservations")
+	mislabelled := rule("mislabelled", "node-a", resourceapi.DeviceTaintEffectNoSchedule, true)
+	mislabelled.Spec.Taint.Value = "uid-2"
+	_, err = rules.Create(ctx, mislabelled, metav1.CreateOptions{})
+	expectRefusal(t, combo+": the controller writes a rule whose label is not its taint's gang", err, "DeviceTaintRules of its reservations")
 	others, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, rule("admins", "node-b", resourceapi.DeviceTaintEffectNoExecute, false), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

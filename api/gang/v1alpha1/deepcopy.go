@@ -67,6 +67,7 @@ func (s *GangStatus) DeepCopyInto(out *GangStatus) {
 	if s.Reservation != nil {
 		r := *s.Reservation
 		s.Reservation.Start.DeepCopyInto(&r.Start)
+		s.Reservation.Since.DeepCopyInto(&r.Since)
 		r.Nodes = append([]string(nil), s.Reservation.Nodes...)
 		r.WaitingFor = append([]string(nil), s.Reservation.WaitingFor...)
 		out.Reservation = &r

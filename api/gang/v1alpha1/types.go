@@ -280,6 +280,10 @@ type Reservation struct {
 	Domain string `json:"domain"`
 	// Priority is the gang's priority.
 	Priority int32 `json:"priority"`
+	// Since is when the gang first reserved this domain: backfill pods
+	// that started after it came onto reserved devices and are evicted at
+	// the start whatever end they declare.
+	Since metav1.Time `json:"since"`
 	// Start is when the pods it waits for are expected to have ended;
 	// backfill pods still running then are evicted.
 	Start metav1.Time `json:"start"`
@@ -302,6 +306,10 @@ const (
 	// (operator Exists) is a backfill pod: it may run on reserved devices
 	// and is evicted when the reservation starts.
 	TaintReserved = Group + "/reserved"
+	// TaintReservationStarted replaces TaintReserved on a reservation's
+	// devices once it starts: no pod tolerates it, so that backfill pods
+	// no longer take what frees up.
+	TaintReservationStarted = Group + "/reservation-started"
 	// LabelReservation marks the DeviceTaintRules of a reservation with
 	// the reserving gang's UID.
 	LabelReservation = Group + "/reservation"

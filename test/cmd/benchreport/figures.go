@@ -70,6 +70,11 @@ var figures = []figure{
 	{"gang_128_s", "BenchmarkGangPlacement/pods=128", "gang_128_s", "s", nil},
 	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10)},
 	{"gang_512_s", "BenchmarkGangPlacement/pods=512", "gang_512_s", "s", nil},
+	{"gang_wait_vs_earliest_reserved", "BenchmarkGangScheduling/reserved", "gang_wait_vs_earliest_reserved", "ratio", bound("<=", 1.2)},
+	{"gang_wait_vs_earliest_unreserved", "BenchmarkGangScheduling/unreserved", "gang_wait_vs_earliest_unreserved", "ratio", nil},
+	{"gpu_utilization_backfill", "BenchmarkGangScheduling/reserved", "gpu_utilization_backfill", "share of the GPUs", nil},
+	{"gpu_utilization_unreserved", "BenchmarkGangScheduling/unreserved", "gpu_utilization_unreserved", "share of the GPUs", nil},
+	{"gpu_utilization_backfill_vs_unreserved", "BenchmarkGangScheduling/compare", "gpu_utilization_backfill_vs_unreserved", "ratio", bound(">=", 0.9)},
 }
 
 // schedCases and schedNodes are BenchmarkSchedulerThroughput's cases and the
