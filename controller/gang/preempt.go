@@ -361,6 +361,9 @@ func (c cost) less(o cost) bool {
 	return cmp.Or(cmp.Compare(c.maxPriority, o.maxPriority), cmp.Compare(c.pods, o.pods), cmp.Compare(c.sum, o.sum)) < 0
 }
 
+// maxReprieves bounds how many chosen units a preemption tries to spare.
+const maxReprieves = 32
+
 // choose finds the cheapest preemption over cands (smallest domain first
 // among equals), or nil when no domain fits even with every eligible unit
 // gone. A domain that fits once the pods already ending are gone wins with
@@ -401,7 +404,10 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 			}
 		}
 		victims := slices.Clone(eligible[:lo])
-		for i := len(victims) - 1; i >= 0 && len(victims) > 1; i-- {
+		// At most maxReprieves tries (each a fit of the whole gang), the
+		// most important units first: the cost of a look stays bounded
+		// with thousands of small victims.
+		for i, tries := len(victims)-1, 0; i >= 0 && len(victims) > 1 && tries < maxReprieves; i, tries = i-1, tries+1 {
 			without := slices.Delete(slices.Clone(victims), i, i+1)
 			if ok, err = pr.fits(ctx, cand, without); err != nil {
 				return nil, err

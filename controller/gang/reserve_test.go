@@ -183,7 +183,7 @@ func TestABackfillPodThatDeclaresItsEndIsWaitedFor(t *testing.T) {
 	f.prioGang("big", 4, 1, 0, nil)
 	g := f.reconcileOK("big")
 	r := g.Status.Reservation
-	if r == nil || !slices.Equal(r.WaitingFor, []string{"ml/bf-long"}) || r.Start.Sub(time.Now()) < 9*time.Minute {
+	if r == nil || !slices.Equal(r.WaitingFor, []string{"ml/bf-long"}) || time.Until(r.Start.Time) < 9*time.Minute {
 		t.Fatalf("reservation %+v, want it to start when bf-long's deadline ends (10m)", r)
 	}
 	if len(f.evicted) != 0 {
