@@ -246,17 +246,27 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			best.start = old.Start.Time
 		}
 	}
-	if err := r.syncReservationRules(ctx, g, poolsOf(snap, r.driver, best.nodes), !now.Before(best.start)); err != nil {
+	// Backfill pods are stopped ahead of the start by their grace period,
+	// so that they have ended by then; from that moment the rules keep
+	// new backfill pods off.
+	lead := time.Second
+	for _, p := range best.backfill {
+		if slices.Contains(best.nodes, p.Spec.NodeName) {
+			lead = max(lead, min(graceOf(p), maxBackfillGrace)+time.Second)
+		}
+	}
+	stopping := !now.Before(best.start.Add(-lead))
+	if err := r.syncReservationRules(ctx, g, poolsOf(snap, r.driver, best.nodes), stopping); err != nil {
 		return false, 0, err
 	}
 	logger := klog.FromContext(ctx)
 	var evicted []string
-	if !now.Before(best.start) {
+	if stopping {
 		for _, p := range best.backfill {
 			if !slices.Contains(best.nodes, p.Spec.NodeName) {
 				continue
 			}
-			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s started at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
+			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s starts at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
 			if err := evict(ctx, r.client, p); err != nil {
 				logger.Error(err, "Could not evict a backfill pod at its reservation's start", "pod", klog.KObj(p))
 				continue
@@ -271,8 +281,11 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	sort.Strings(waitingFor)
 	start := best.start.UTC().Format(time.RFC3339)
 	msg := fmt.Sprintf("reserved %s of %s from %s, when the %d pods it waits for are expected to have ended", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
-	if !now.Before(best.start) {
+	switch {
+	case !now.Before(best.start):
 		msg = fmt.Sprintf("reservation of %s of %s started at %s; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
+	case stopping:
+		msg = fmt.Sprintf("reservation of %s of %s starts at %s: backfill stopped ahead by its grace period; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
 	}
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
@@ -287,10 +300,23 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
 	waiting(st, g.Generation, gangv1.ReasonReserved, msg)
 	r.metrics.attempt("reserved")
-	if d := best.start.Sub(now); d > 0 {
+	if d := best.start.Add(-lead).Sub(now); d > 0 {
 		return true, d, nil
 	}
 	return true, 5 * time.Second, nil
+}
+
+// maxBackfillGrace bounds how far ahead of a reservation's start backfill
+// pods are stopped.
+const maxBackfillGrace = 2 * time.Minute
+
+// graceOf is the pod's termination grace period (the API's default, 30 s,
+// when unset).
+func graceOf(p *v1.Pod) time.Duration {
+	if s := p.Spec.TerminationGracePeriodSeconds; s != nil {
+		return time.Duration(*s) * time.Second
+	}
+	return 30 * time.Second
 }
 
 // poolsOf maps each node to the pool of the driver's slices on it.

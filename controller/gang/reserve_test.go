@@ -311,3 +311,22 @@ func TestTheLeaderSweepsTheRulesOfGangsThatAreGone(t *testing.T) {
 		t.Errorf("rules after the sweep: %v, want %v", names, want)
 	}
 }
+
+// Backfill pods are stopped ahead of the start by their grace period (30 s
+// by default, plus a second), so that they have ended by then: a
+// reservation starting in 20 s evicts them now, and from now on no pod
+// tolerates its rules.
+func TestBackfillPodsGetTheirGracePeriodBeforeTheStart(t *testing.T) {
+	f := reservationCluster(t, 20*time.Second)
+	f.prioGang("big", 4, 1, 0, nil)
+	g := f.reconcileOK("big")
+	if r := g.Status.Reservation; r == nil || !slices.Equal(r.Nodes, []string{"b1"}) || !r.Start.After(time.Now()) {
+		t.Fatalf("reservation %+v, want b1 starting in 20 s", r)
+	}
+	if !slices.Equal(f.evicted, []string{"bf-b1"}) {
+		t.Errorf("evicted %v, want the backfill pod 20 s ahead of the start", f.evicted)
+	}
+	if rules := f.taintRules(); len(rules) != 1 || rules[0].Spec.Taint.Key != gangv1.TaintReservationStarted {
+		t.Errorf("rules: %+v, want one tainting %s", rules, gangv1.TaintReservationStarted)
+	}
+}
