@@ -38,11 +38,15 @@ import (
 // reservationWaitCap bounds the pods listed in a reservation's status.
 const reservationWaitCap = gangv1.MaxPreemptionVictims
 
-// expectedEnd is when the pod is expected to end: its start (or creation)
-// plus the earlier of its activeDeadlineSeconds and its declared expected
-// runtime; false when it declares neither.
-func expectedEnd(p *v1.Pod) (time.Time, bool) {
-	start := startOf(p)
+// expectedEnd is when the pod is expected to end: its start plus the
+// earlier of its activeDeadlineSeconds and its declared expected runtime
+// (a pod not started yet starts now at the earliest); false when it
+// declares neither.
+func expectedEnd(p *v1.Pod, now time.Time) (time.Time, bool) {
+	start := now
+	if p.Status.StartTime != nil {
+		start = p.Status.StartTime.Time
+	}
 	var end time.Time
 	ok := false
 	if s := p.Spec.ActiveDeadlineSeconds; s != nil && *s > 0 {
@@ -157,7 +161,7 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since t
 		// evicted then.
 		if evictable && startOf(p).After(since) {
 			always = append(always, unit{pods: []*v1.Pod{p}})
-		} else if end, ok := expectedEnd(p); ok && now.Before(end.Add(overrunGrace)) {
+		} else if end, ok := expectedEnd(p, now); ok && now.Before(end.Add(overrunGrace)) {
 			ends = append(ends, timed{p, end})
 		} else if evictable {
 			always = append(always, unit{pods: []*v1.Pod{p}})

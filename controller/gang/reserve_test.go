@@ -330,3 +330,25 @@ func TestBackfillPodsGetTheirGracePeriodBeforeTheStart(t *testing.T) {
 		t.Errorf("rules: %+v, want one tainting %s", rules, gangv1.TaintReservationStarted)
 	}
 }
+
+// A pod's end counts from its start: one bound but not started yet (a queue
+// of image pulls, a kubelet slow to report) runs its whole runtime from now
+// at the earliest, not from its creation.
+func TestExpectedEndCountsFromTheStart(t *testing.T) {
+	now := time.Now()
+	created := metav1.NewTime(now.Add(-10 * time.Minute))
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: created, Annotations: map[string]string{gangv1.AnnotationExpectedRuntime: "15m"}}}
+	if end, ok := expectedEnd(p, now); !ok || !end.Equal(now.Add(15*time.Minute)) {
+		t.Errorf("not started: end %v %v, want now+15m", end, ok)
+	}
+	p.Status.StartTime = ptr.To(metav1.NewTime(now.Add(-5 * time.Minute)))
+	p.Spec.ActiveDeadlineSeconds = ptr.To[int64](600)
+	if end, ok := expectedEnd(p, now); !ok || !end.Equal(now.Add(5*time.Minute)) {
+		t.Errorf("started 5m ago, deadline 10m, runtime 15m: end %v %v, want now+5m", end, ok)
+	}
+	p.Annotations[gangv1.AnnotationExpectedRuntime] = "soon"
+	p.Spec.ActiveDeadlineSeconds = nil
+	if _, ok := expectedEnd(p, now); ok {
+		t.Error("an unparsable runtime declares an end")
+	}
+}

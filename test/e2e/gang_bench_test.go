@@ -41,16 +41,7 @@ func BenchmarkGangPlacement(b *testing.B) {
 
 func placeGangOnce(b *testing.B, size int) time.Duration {
 	b.StopTimer()
-	c := cluster.StartT(b, cluster.Options{})
-	ctx, cancel := context.WithTimeout(b.Context(), 10*time.Minute)
-	defer cancel()
-	if err := gpunode.Install(ctx, c); err != nil {
-		b.Fatal(err)
-	}
-	kubeconfig, err := installController(ctx, c)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, ctx, kubeconfig := startBenchCluster(b, 10*time.Minute)
 	client := c.Client()
 	nodes := size / 8
 	// A DGX B200 (8 GPUs) placed in the GB200 trays' clique.
@@ -84,7 +75,7 @@ func placeGangOnce(b *testing.B, size int) time.Duration {
 	tc.createMembers(ctx, b, ns, "bench", "one-gpu", domainName, size)
 	created := time.Since(began)
 	bound := 0
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
@@ -105,6 +96,25 @@ func placeGangOnce(b *testing.B, size int) time.Duration {
 	}
 	b.Logf("gang of %d on %d nodes: pods created in %v, all bound in %v", size, nodes, created.Round(time.Millisecond), elapsed.Round(time.Millisecond))
 	return elapsed
+}
+
+// startBenchCluster starts a local cluster with Tessera's classes and the
+// controller's account and policies installed (not the controller), and a
+// context that ends after timeout or with b; it returns the controller's
+// kubeconfig too.
+func startBenchCluster(b *testing.B, timeout time.Duration) (*cluster.Cluster, context.Context, string) {
+	b.Helper()
+	c := cluster.StartT(b, cluster.Options{})
+	ctx, cancel := context.WithTimeout(b.Context(), timeout)
+	b.Cleanup(cancel)
+	if err := gpunode.Install(ctx, c); err != nil {
+		b.Fatal(err)
+	}
+	kubeconfig, err := installController(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, ctx, kubeconfig
 }
 
 // waitDomainNodes waits until one domain pool covers n nodes.

@@ -22,17 +22,18 @@ import (
 	"github.com/tessera-dev/tessera/controller"
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/inventory"
-	"github.com/tessera-dev/tessera/test/cluster"
 	"github.com/tessera-dev/tessera/test/fixtures"
-	"github.com/tessera-dev/tessera/test/gpunode"
 )
 
 // The scheduling simulation: 32 simulated GB200 trays (4 GPUs each, 128 in
 // all; no kubelets) in four NVLink cliques of eight trays, the real
 // apiserver, scheduler and controller manager, and tessera-controller. A
-// steady stream of one-GPU jobs (15 to 30 s each, 6 a second: a little more
+// steady stream of one-GPU jobs (30 to 60 s each, 3 a second: a little more
 // than the cluster serves, so that it stays full and a queue waits) runs
-// throughout; gangs of 16 one-GPU members (20 s) arrive among them. A
+// throughout; gangs of 16 one-GPU members (30 s) arrive among them. The time
+// scale is compressed (real jobs run minutes to hours): the fixed seconds of
+// the pipeline from a freed device to a bound gang weigh more here than
+// they would. A
 // stand-in kubelet (simKubelet) starts each bound pod, ends it when its
 // declared runtime is up (deleting stream jobs then), and completes the
 // deletion of evicted pods.
@@ -46,15 +47,17 @@ const (
 	simTrays        = 32
 	simTraysPerRack = 8
 	simGPUsPerTray  = 4
-	simRun          = 150 * time.Second
-	simWarmUp       = 20 * time.Second
-	simStreamRate   = 6 // one-GPU jobs a second
+	simRun          = 240 * time.Second
+	simWarmUp       = 40 * time.Second
+	simStreamRate   = 3 // one-GPU jobs a second
+	simJobMin       = 30 * time.Second
+	simJobSpread    = 31 // jobs run simJobMin plus 0 to 30 s
 	simGangSize     = 16
-	simGangRuntime  = 20 * time.Second
+	simGangRuntime  = 30 * time.Second
 )
 
 // simGangArrivals are when the gangs arrive, from the start of the run.
-var simGangArrivals = []time.Duration{30 * time.Second, 70 * time.Second, 110 * time.Second}
+var simGangArrivals = []time.Duration{60 * time.Second, 130 * time.Second, 200 * time.Second}
 
 // BenchmarkGangScheduling runs the simulation twice, side by side in one
 // run: with reservations (the stream's jobs are backfill pods: they tolerate
@@ -248,16 +251,7 @@ func earliestStart(ledger map[string]simPod, at time.Time) time.Time {
 
 func runGangSimulation(b *testing.B, reserved bool) simResult {
 	b.StopTimer()
-	c := cluster.StartT(b, cluster.Options{})
-	ctx, cancel := context.WithTimeout(b.Context(), 15*time.Minute)
-	defer cancel()
-	if err := gpunode.Install(ctx, c); err != nil {
-		b.Fatal(err)
-	}
-	kubeconfig, err := installController(ctx, c)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, ctx, kubeconfig := startBenchCluster(b, 15*time.Minute)
 	client := c.Client()
 	published := make([][]*resourceapi.ResourceSlice, simTrays)
 	for i := range published {
@@ -293,7 +287,7 @@ func runGangSimulation(b *testing.B, reserved bool) simResult {
 	defer tick.Stop()
 	for job := 0; time.Since(began) < simRun; job++ {
 		<-tick.C
-		runtime := 15*time.Second + time.Duration(rng.IntN(16))*time.Second
+		runtime := simJobMin + time.Duration(rng.IntN(simJobSpread))*time.Second
 		p := newGPUPod(ns, fmt.Sprintf("job-%d", job), gpuFrom("one-gpu-backfill"))
 		p.Annotations = map[string]string{gangv1.AnnotationExpectedRuntime: runtime.String()}
 		if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
