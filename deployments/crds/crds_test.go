@@ -75,6 +75,14 @@ func TestGangCRDRefusesInvalidPoliciesAndRoles(t *testing.T) {
 		{"role named twice", `{size: 2, roles: [{name: a, size: 1, selector: {matchLabels: {r: a}}}, {name: a, size: 1, selector: {matchLabels: {r: b}}}]}`, "Duplicate value"},
 		{"role name not a label", `{size: 1, roles: [{name: A_b, size: 1, selector: {matchLabels: {r: a}}}]}`, "spec.roles[0].name"},
 		{"roles of a PodGroup", `{size: 1, podGroupName: pg, roles: [{name: a, size: 1, selector: {matchLabels: {r: a}}}]}`, "spec.roles cannot be used with spec.podGroupName"},
+		{"elastic", `{minSize: 2, maxSize: 4, selector: {matchLabels: {app: t}}}`, ""},
+		{"elastic role", `{size: 3, roles: [{name: a, size: 1, selector: {matchLabels: {r: a}}}, {name: b, size: 2, minSize: 1, selector: {matchLabels: {r: b}}}]}`, ""},
+		{"size and bounds", `{size: 4, minSize: 2, maxSize: 4}`, "set spec.size (a fixed gang), or spec.minSize and spec.maxSize"},
+		{"neither size nor bounds", `{selector: {matchLabels: {app: t}}}`, "set spec.size (a fixed gang), or spec.minSize and spec.maxSize"},
+		{"minimum alone", `{minSize: 2}`, "spec.minSize and spec.maxSize go together"},
+		{"bounds upside down", `{minSize: 4, maxSize: 2}`, "spec.minSize must be at most spec.maxSize"},
+		{"bounds with roles", `{minSize: 1, maxSize: 3, roles: [{name: a, size: 1, selector: {matchLabels: {r: a}}}, {name: b, size: 2, selector: {matchLabels: {r: b}}}]}`, "an elastic role sets roles[].minSize"},
+		{"role minimum above its size", `{size: 2, roles: [{name: a, size: 2, minSize: 3, selector: {matchLabels: {r: a}}}]}`, "roles[].minSize must be at most the role's size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// As the API server decodes: integers as int64.

@@ -50,7 +50,10 @@ const (
 	AnnotationUncommitted = Group + "/uncommitted-placement"
 	// AnnotationGang is "<namespace>/<name>" of the gang.
 	AnnotationGang = Group + "/gang"
-	// AnnotationSize is the gang's size.
+	// AnnotationSize is the gang's size; in an elastic gang its most
+	// (spec.maxSize, or the sum of the roles' sizes), which its ranks stay
+	// under: how many members live now is for the workload's own
+	// rendezvous to tell.
 	AnnotationSize = Group + "/size"
 	// AnnotationRank is the member's rank, 0 to size-1.
 	AnnotationRank = Group + "/rank"
@@ -115,6 +118,10 @@ func ParseNodes(value string) ([]Node, error) {
 type UncommittedPlacement struct {
 	Placement string   `json:"placement"`
 	Claims    []string `json:"claims"`
+	// Growth says the claims are new members' of the committed placement
+	// Placement (an elastic gang growing), not a placement of their own: a
+	// rollback clears only them, and the placement stays committed.
+	Growth bool `json:"growth,omitempty"`
 }
 
 // Finalizer keeps a gang until an uncommitted placement of it is rolled back.
@@ -123,6 +130,11 @@ const Finalizer = Group + "/rollback"
 // DomainClass is the DeviceClass of domain claims: one claim of it, shared
 // by every member, confines a gang to one domain.
 const DomainClass = "domain.gpu.tessera.dev"
+
+// AnnotationMaxSize on a PodGroup with a gang policy makes its gang elastic:
+// from the policy's minCount to this many members (a number, at least
+// minCount). Without it the gang has exactly minCount members.
+const AnnotationMaxSize = Group + "/max-size"
 
 // AnnotationManaged, set to "true" on a PodGroup with a gang policy, has the
 // controller place it although none of its claims is a domain claim (a gang
@@ -159,8 +171,22 @@ type Gang struct {
 // GangSpec says which pods form the gang.
 type GangSpec struct {
 	// Size is how many members the gang needs; none is placed before all
-	// exist and fit.
-	Size int32 `json:"size"`
+	// exist and fit. Unset (0) in an elastic gang, which sets MinSize and
+	// MaxSize instead.
+	Size int32 `json:"size,omitempty"`
+	// MinSize and MaxSize make the gang elastic: it is placed once MinSize
+	// members exist and fit, with as many of its members (up to MaxSize)
+	// as fit in the domain; members that did not fit, and members created
+	// later (a failed member's replacement), join it in the same domain
+	// when room appears there. A member that fails or is evicted is let
+	// go alone while MinSize members live; below that the gang is placed
+	// again, as a fixed gang is on any loss. Each member keeps its rank
+	// for its lifetime, and a new member takes the lowest free rank (an
+	// indexed Job's replacement pod takes its predecessor's), so ranks
+	// stay in 0..MaxSize-1. Set both, or neither (and Size); not with
+	// roles, whose elasticity is spec.roles[].minSize.
+	MinSize int32 `json:"minSize,omitempty"`
+	MaxSize int32 `json:"maxSize,omitempty"`
 	// Selector picks the members among the namespace's pods (e.g. the
 	// job-name label of an indexed Job, or a label of your own). Exactly
 	// one of Selector and PodGroupName is set.
@@ -237,8 +263,14 @@ type Role struct {
 	// Name names the role (a DNS label): members see it in
 	// TESSERA_GANG_ROLE.
 	Name string `json:"name"`
-	// Size is how many members the role has.
+	// Size is how many members the role has (the most, in an elastic
+	// role).
 	Size int32 `json:"size"`
+	// MinSize makes the role elastic: the gang is placed with at least
+	// MinSize of the role's members and grows to Size as room appears;
+	// the role's members above MinSize may be lost (evicted, preempted,
+	// failed) without the gang being placed again. Optional: Size.
+	MinSize int32 `json:"minSize,omitempty"`
 	// Selector picks the role's members among the gang's (e.g. the
 	// job-name of the role's Job). Every member matches exactly one role.
 	Selector metav1.LabelSelector `json:"selector"`
@@ -255,6 +287,11 @@ type GangStatus struct {
 	Domain string `json:"domain,omitempty"`
 	// Nodes are the nodes the members were placed on.
 	Nodes []string `json:"nodes,omitempty"`
+	// PlacedMembers is how many members the committed placement held at
+	// the controller's last look (live or succeeded): an elastic gang's
+	// follows its growth and its losses, which is how a member that is
+	// simply gone is noticed. 0 while the gang is not placed.
+	PlacedMembers int32 `json:"placedMembers,omitempty"`
 	// Conditions: Waiting, Placed, Running, Failed, and IMEXReady on a gang
 	// placed in an NVLink domain when the kubelet plugins run IMEX daemons
 	// (tessera-controller --imex-daemons).
@@ -354,15 +391,21 @@ const (
 
 // Reasons of the conditions.
 const (
-	ReasonMembersMissing   = "MembersMissing"
-	ReasonTooManyMembers   = "TooManyMembers"
-	ReasonClaimsPending    = "ClaimsPending"
-	ReasonInvalid          = "InvalidGang"
-	ReasonNoDomainFits     = "NoDomainFits"
-	ReasonPlaced           = "Placed"
-	ReasonRunning          = "Running"
-	ReasonNotRunning       = "MembersNotRunning"
-	ReasonMemberLost       = "MemberLost"
+	ReasonMembersMissing = "MembersMissing"
+	ReasonTooManyMembers = "TooManyMembers"
+	ReasonClaimsPending  = "ClaimsPending"
+	ReasonInvalid        = "InvalidGang"
+	ReasonNoDomainFits   = "NoDomainFits"
+	ReasonPlaced         = "Placed"
+	ReasonRunning        = "Running"
+	ReasonNotRunning     = "MembersNotRunning"
+	ReasonMemberLost     = "MemberLost"
+	// ReasonShrunk: an elastic gang lost members and goes on with the
+	// rest (at least its minimum). Also the event on the gang.
+	ReasonShrunk = "Shrunk"
+	// ReasonGrown is the event on an elastic gang that added members to
+	// its placement.
+	ReasonGrown            = "Grown"
 	ReasonRolledBack       = "RolledBack"
 	ReasonConflict         = "AllocationConflict"
 	ReasonNone             = "None"

@@ -108,6 +108,9 @@ func validateRoles(g *Gang) ([]labels.Selector, error) {
 		if r.Size < 1 {
 			return nil, fmt.Errorf("spec.roles[%d] (%s).size %d: want at least 1", i, r.Name, r.Size)
 		}
+		if r.MinSize < 0 || r.MinSize > r.Size {
+			return nil, fmt.Errorf("spec.roles[%d] (%s).minSize %d: want 1 to the role's size %d (or leave it out: the role is not elastic)", i, r.Name, r.MinSize, r.Size)
+		}
 		sum += r.Size
 		sel, err := metav1.LabelSelectorAsSelector(&r.Selector)
 		if err != nil {
@@ -117,6 +120,9 @@ func validateRoles(g *Gang) ([]labels.Selector, error) {
 			return nil, fmt.Errorf("spec.roles[%d] (%s).selector is empty and would pick every member: select the role's pods by a label (e.g. the job-name of the role's Job)", i, r.Name)
 		}
 		sels = append(sels, sel)
+	}
+	if g.Spec.MinSize != 0 || g.Spec.MaxSize != 0 {
+		return nil, fmt.Errorf("spec.minSize and spec.maxSize with spec.roles: make a role elastic with spec.roles[].minSize, and set spec.size to the sum of the roles' sizes (%d)", sum)
 	}
 	if sum != g.Spec.Size {
 		return nil, fmt.Errorf("spec.size %d is not the sum of the roles' sizes (%d): set spec.size to %d", g.Spec.Size, sum, sum)
@@ -135,11 +141,8 @@ func (m Members) Matches(p *corev1.Pod) bool {
 // Validate checks a gang's spec beyond what the CRD schema checks, and
 // returns how it picks its members. Errors name the field and the fix.
 func Validate(g *Gang) (Members, error) {
-	if g.Spec.Size < 1 {
-		return Members{}, fmt.Errorf("gang %s/%s: spec.size %d: want at least 1", g.Namespace, g.Name, g.Spec.Size)
-	}
-	if g.Spec.DomainClaimName != "" && g.Spec.Size > MaxSizeWithDomainClaim {
-		return Members{}, fmt.Errorf("gang %s/%s: spec.size %d with spec.domainClaimName: a claim is reserved for at most %d pods; leave domainClaimName empty for a larger gang (it is still placed in one domain, without a channel)", g.Namespace, g.Name, g.Spec.Size, MaxSizeWithDomainClaim)
+	if err := validateSize(&g.Spec); err != nil {
+		return Members{}, fmt.Errorf("gang %s/%s: %w", g.Namespace, g.Name, err)
 	}
 	if err := validatePlacement(g.Spec.Placement); err != nil {
 		return Members{}, fmt.Errorf("gang %s/%s: %w", g.Namespace, g.Name, err)
@@ -161,4 +164,55 @@ func Validate(g *Gang) (Members, error) {
 		return Members{}, fmt.Errorf("gang %s/%s: spec.selector is empty and would select every pod of the namespace; select the members by a label (e.g. job-name), or name a PodGroup (spec.podGroupName)", g.Namespace, g.Name)
 	}
 	return Members{selector: sel, roles: roles}, nil
+}
+
+// validateSize checks spec.size, or spec.minSize and spec.maxSize.
+func validateSize(s *GangSpec) error {
+	elastic := s.MinSize != 0 || s.MaxSize != 0
+	switch {
+	case elastic && s.Size != 0:
+		return fmt.Errorf("spec.size %d with spec.minSize and spec.maxSize: set size for a fixed gang, or minSize and maxSize for an elastic one", s.Size)
+	case elastic && (s.MinSize < 1 || s.MaxSize < s.MinSize):
+		return fmt.Errorf("spec.minSize %d and spec.maxSize %d: want 1 <= minSize <= maxSize", s.MinSize, s.MaxSize)
+	case !elastic && s.Size < 1:
+		return fmt.Errorf("spec.size %d: want at least 1 (or spec.minSize and spec.maxSize for an elastic gang)", s.Size)
+	}
+	if _, most := Bounds(s); s.DomainClaimName != "" && most > MaxSizeWithDomainClaim {
+		return fmt.Errorf("size %d with spec.domainClaimName: a claim is reserved for at most %d pods; leave domainClaimName empty for a larger gang (it is still placed in one domain, without a channel)", most, MaxSizeWithDomainClaim)
+	}
+	return nil
+}
+
+// Bounds are the fewest members a gang is placed with (and goes on with)
+// and the most it has: Size and Size for a fixed gang; MinSize and MaxSize
+// for an elastic one; with roles, the sums of the roles' minimums (a role
+// without MinSize counts its Size) and of their sizes.
+func Bounds(s *GangSpec) (least, most int32) {
+	switch {
+	case len(s.Roles) > 0:
+		for _, r := range s.Roles {
+			least += RoleMin(r)
+			most += r.Size
+		}
+		return least, most
+	case s.MinSize != 0 || s.MaxSize != 0:
+		return s.MinSize, s.MaxSize
+	}
+	return s.Size, s.Size
+}
+
+// RoleMin is the fewest members of role r a placement needs: MinSize, or
+// Size when it is not set.
+func RoleMin(r Role) int32 {
+	if r.MinSize > 0 {
+		return r.MinSize
+	}
+	return r.Size
+}
+
+// Elastic says whether a gang may be placed, and go on, with fewer members
+// than its most.
+func Elastic(s *GangSpec) bool {
+	least, most := Bounds(s)
+	return least < most
 }

@@ -16,6 +16,35 @@ func gangWith(size int32, p *Placement, roles ...Role) *Gang {
 	}
 }
 
+func elastic(g *Gang, least, most int32) *Gang {
+	g.Spec.MinSize, g.Spec.MaxSize = least, most
+	return g
+}
+
+// Bounds are what the gang's kind says: Size twice, MinSize and MaxSize,
+// or the roles' sums with a role's Size standing in for its missing
+// MinSize.
+func TestBoundsOfFixedElasticAndRoleGangs(t *testing.T) {
+	workers := role("workers", 4)
+	workers.MinSize = 2
+	for _, tc := range []struct {
+		g           *Gang
+		least, most int32
+		elastic     bool
+	}{
+		{gangWith(3, nil), 3, 3, false},
+		{elastic(gangWith(0, nil), 2, 6), 2, 6, true},
+		{elastic(gangWith(0, nil), 4, 4), 4, 4, false},
+		{gangWith(5, nil, role("launcher", 1), role("workers", 4)), 5, 5, false},
+		{gangWith(5, nil, role("launcher", 1), workers), 3, 5, true},
+	} {
+		least, most := Bounds(&tc.g.Spec)
+		if least != tc.least || most != tc.most || Elastic(&tc.g.Spec) != tc.elastic {
+			t.Errorf("%+v: bounds %d..%d elastic %v, want %d..%d %v", tc.g.Spec, least, most, Elastic(&tc.g.Spec), tc.least, tc.most, tc.elastic)
+		}
+	}
+}
+
 func role(name string, size int32) Role {
 	return Role{Name: name, Size: size, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"role": name}}}
 }
@@ -44,6 +73,15 @@ func TestValidateNamesTheFieldAndTheFixOfPoliciesAndRoles(t *testing.T) {
 		{"role name not a label", gangWith(1, nil, role("Workers", 1)), `spec.roles[0].name "Workers"`},
 		{"role selecting everything", gangWith(1, nil, Role{Name: "w", Size: 1}), "spec.roles[0] (w).selector is empty"},
 		{"roles of a PodGroup", &Gang{Spec: GangSpec{Size: 1, PodGroupName: "pg", Roles: []Role{role("w", 1)}}}, "spec.roles with spec.podGroupName"},
+		{"elastic", elastic(gangWith(0, nil), 2, 4), ""},
+		{"elastic with a size", elastic(gangWith(4, nil), 2, 4), "spec.size 4 with spec.minSize and spec.maxSize"},
+		{"elastic without a maximum", elastic(gangWith(0, nil), 2, 0), "spec.minSize 2 and spec.maxSize 0: want 1 <= minSize <= maxSize"},
+		{"elastic upside down", elastic(gangWith(0, nil), 4, 2), "want 1 <= minSize <= maxSize"},
+		{"neither size nor bounds", gangWith(0, nil), "spec.size 0: want at least 1 (or spec.minSize and spec.maxSize"},
+		{"elastic role", gangWith(5, nil, role("launcher", 1), Role{Name: "workers", Size: 4, MinSize: 2, Selector: role("workers", 4).Selector}), ""},
+		{"elastic role above its size", gangWith(5, nil, role("launcher", 1), Role{Name: "workers", Size: 4, MinSize: 5, Selector: role("workers", 4).Selector}), "spec.roles[1] (workers).minSize 5: want 1 to the role's size 4"},
+		{"gang bounds with roles", elastic(gangWith(0, nil, role("launcher", 1), role("workers", 4)), 2, 5), "spec.minSize and spec.maxSize with spec.roles: make a role elastic with spec.roles[].minSize"},
+		{"elastic over a domain claim's limit", func() *Gang { g := elastic(gangWith(0, nil), 2, 300); g.Spec.DomainClaimName = "d"; return g }(), "size 300 with spec.domainClaimName"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Validate(tc.g)
