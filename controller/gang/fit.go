@@ -32,10 +32,13 @@ type plan struct {
 	// domainAlloc is the shared domain claim's allocation; nil without a
 	// domain claim.
 	domainAlloc *resourceapi.AllocationResult
-	// nodes[i] and allocs[i] are member i's node and its claims' allocations
-	// (in the order of member.claims).
-	nodes  []string
-	allocs [][]resourceapi.AllocationResult
+	// members are the members placed, in rank order: all of the view's
+	// live members, or in an elastic gang those that fit. nodes[i] and
+	// allocs[i] are members[i]'s node and its claims' allocations (in the
+	// order of member.claims).
+	members []*member
+	nodes   []string
+	allocs  [][]resourceapi.AllocationResult
 }
 
 // device is where a plan's domain claim went ("<pool>/<device>"), or the pool.
@@ -223,7 +226,9 @@ func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nod
 // fitDomain places the domain claim and then each member, in rank order, on
 // the first node of the domain (in name order, resuming where the previous
 // member went) that has room for the pod and whose devices the allocator
-// accepts; it packs members onto as few nodes as it can. With a spread
+// accepts; it packs members onto as few nodes as it can. An elastic gang
+// skips a member no node takes and fits when its minimums
+// are met. With a spread
 // layout, the nodes of the least used topology values come first (and,
 // Required, values at the limit are left out). A node found full for one
 // shape of claims is not tried again for that shape, so the search is
@@ -253,14 +258,19 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 		cluster.Commit(res...)
 		p.domainAlloc = &res[0]
 	}
+	for _, n := range v.grow {
+		lay.take(n) // the members already placed count against the spread
+	}
 	full := map[string]map[string]bool{} // claim shape -> nodes without room
 	cursor := 0
+	skipped := ""
 	for _, m := range v.live {
 		shape := shapeOf(m.claims)
 		if full[shape] == nil {
 			full[shape] = map[string]bool{}
 		}
 		if len(m.claims) == 0 {
+			p.members = append(p.members, m)
 			p.nodes = append(p.nodes, "") // confined by the domain claim alone
 			p.allocs = append(p.allocs, nil)
 			continue
@@ -290,6 +300,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			cluster.Commit(res...)
 			room.take(n.Name, req)
 			lay.take(n)
+			p.members = append(p.members, m)
 			p.nodes = append(p.nodes, n.Name)
 			p.allocs = append(p.allocs, res)
 			cursor = i
@@ -297,8 +308,21 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			break
 		}
 		if !placed {
-			vd.placed = len(p.nodes)
-			vd.lacks = fmt.Sprintf("room for %d of %d members; no node left for member %s (%s), whose claims need %s%s%s", len(p.nodes), len(v.live), m.ref(), m.describeRank(), describeClaims(m.claims), short, lay.lacks(usable))
+			why := fmt.Sprintf("no node left for member %s (%s), whose claims need %s%s%s", m.ref(), m.describeRank(), describeClaims(m.claims), short, lay.lacks(usable))
+			if !v.elastic {
+				vd.placed = len(p.nodes)
+				vd.lacks = fmt.Sprintf("room for %d of %d members; %s", len(p.nodes), len(v.live), why)
+				return nil, vd, nil
+			}
+			if skipped == "" {
+				skipped = why
+			}
+		}
+	}
+	if v.elastic {
+		if short := v.short(p.members); short != "" {
+			vd.placed = len(p.members)
+			vd.lacks = fmt.Sprintf("room for %d members, %s; %s", len(p.members), short, skipped)
 			return nil, vd, nil
 		}
 	}

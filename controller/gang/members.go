@@ -92,6 +92,16 @@ type view struct {
 	// gang's NVLink domain claim (a node serves one IMEX domain at a
 	// time), and those without an InternalIP for a daemon to serve on.
 	imexBusy map[string]bool
+	// elastic is set for an elastic gang: a placement fits with least
+	// members (and roleLeast[i] of role i's) of the live ones, those that
+	// find room in rank order.
+	elastic   bool
+	least     int
+	roleLeast []int
+	roleNames []string
+	// grow, when the view is an elastic gang's growth, are the nodes of
+	// its members already placed (counted against a spread).
+	grow []*v1.Node
 	// held are the domains (pools) that gangs of higher priority preempted
 	// pods in and wait for: this gang is not placed there meanwhile. The
 	// value says so in the gang's NoDomainFits message.
@@ -106,6 +116,14 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 	v := &view{placement: g.Spec.Placement}
 	if len(g.Spec.Roles) > 0 {
 		v.roles = make([]int, len(g.Spec.Roles))
+	}
+	if gangv1.Elastic(&g.Spec) {
+		least, _ := gangv1.Bounds(&g.Spec)
+		v.elastic, v.least = true, int(least)
+		for _, r := range g.Spec.Roles {
+			v.roleLeast = append(v.roleLeast, int(gangv1.RoleMin(r)))
+			v.roleNames = append(v.roleNames, r.Name)
+		}
 	}
 	for _, p := range pods {
 		if !members.Matches(p) {
@@ -138,8 +156,32 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 		}
 		v.domainClaim = c
 	}
-	v.rank(g.Spec.Roles)
+	keep := ""
+	if v.elastic {
+		keep = g.Annotations[gangv1.AnnotationCommitted]
+	}
+	v.rank(g.Spec.Roles, keep)
 	return v
+}
+
+// short says how members (a fit of an elastic gang) fall short of the
+// gang's minimums; "" when they meet them.
+func (v *view) short(members []*member) string {
+	if len(members) < v.least {
+		return fmt.Sprintf("the gang needs at least %d (spec.minSize)", v.least)
+	}
+	perRole := make([]int, len(v.roleLeast))
+	for _, m := range members {
+		if m.role != "" {
+			perRole[m.roleIndex]++
+		}
+	}
+	for i, n := range perRole {
+		if n < v.roleLeast[i] {
+			return fmt.Sprintf("%d of role %s, which needs at least %d (spec.roles[%d].minSize)", n, v.roleNames[i], v.roleLeast[i], i)
+		}
+	}
+	return ""
 }
 
 // collectClaims finds the member's own claims; it returns why they are not
@@ -198,10 +240,15 @@ func (v *view) collectClaims(g *gangv1.Gang, m *member, getClaim claimGetter) st
 // completion index when every member has a distinct one, else by pod name.
 // With roles, each role is numbered so (its rank within the role), and the
 // gang's ranks follow the roles' order: the first role's members first, each
-// role starting after the sizes of the roles before it.
-func (v *view) rank(roles []gangv1.Role) {
+// role starting after the sizes of the roles before it. When keep names a
+// placement (an elastic gang's committed one), its released members keep
+// the ranks they were released with and the others take the lowest ranks
+// left, in the order above: a member's rank is stable for its lifetime.
+func (v *view) rank(roles []gangv1.Role, keep string) {
 	if len(roles) == 0 {
 		rankGroup(v.live)
+		keepRanks(v.live, keep, gangv1.AnnotationRank)
+		sort.SliceStable(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
 		return
 	}
 	offset := map[string]int{}
@@ -216,6 +263,7 @@ func (v *view) rank(roles []gangv1.Role) {
 	}
 	for role, group := range byRole {
 		rankGroup(group)
+		keepRanks(group, keep, gangv1.AnnotationRoleRank)
 		for _, m := range group {
 			m.roleRank = m.rank
 			m.rank += offset[role]
@@ -245,5 +293,36 @@ func rankGroup(group []*member) {
 	}
 	for i, m := range group {
 		m.rank = i
+	}
+}
+
+// keepRanks gives the members released for placement keep (none when it is
+// "") the rank their pod's annotation key records, and the others, in their
+// present order, the lowest ranks no kept member holds.
+func keepRanks(group []*member, keep, key string) {
+	if keep == "" {
+		return
+	}
+	taken := map[int]bool{}
+	kept := map[*member]bool{}
+	for _, m := range group {
+		if m.gated() || m.pod.Annotations[gangv1.AnnotationPlacement] != keep {
+			continue
+		}
+		r, err := strconv.Atoi(m.pod.Annotations[key])
+		if err != nil || r < 0 || taken[r] {
+			continue
+		}
+		m.rank, kept[m], taken[r] = r, true, true
+	}
+	next := 0
+	for _, m := range group {
+		if kept[m] {
+			continue
+		}
+		for taken[next] {
+			next++
+		}
+		m.rank, taken[next] = next, true
 	}
 }

@@ -38,6 +38,9 @@ type unit struct {
 	// priority is the highest of its pods': a unit is as protected as its
 	// most important pod.
 	priority int32
+	// order ranks the members an elastic gang may lose alone: its next
+	// to go first (0); 0 for every other unit.
+	order int
 }
 
 // podPriority is the pod's priority (from its PriorityClass); 0 without.
@@ -120,6 +123,9 @@ type preemptor struct {
 	byUID map[types.UID]*v1.Pod
 	// podClaims are each pod's allocated claims of the driver.
 	podClaims map[types.UID][]*resourceapi.ResourceClaim
+	// gangs are the gangs by "<namespace>/<name>": an elastic one's
+	// members above its minimums are units of their own. Nil: none is.
+	gangs map[string]*gangv1.Gang
 }
 
 func newPreemptor(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, pods []*v1.Pod, imex bool, v *view, now time.Time) *preemptor {
@@ -273,19 +279,27 @@ func (pr *preemptor) units(cand candidate, priority int32, budgets []*policyv1.P
 		}
 		u.pods = append(u.pods, p)
 	}
+	var all []unit
 	for _, k := range keys {
 		u := byKey[k]
-		if u.priority >= priority || !budgetsAllow(budgets, u.pods) {
-			continue
-		}
 		// A gang's members go in the order its own repairs evict them:
 		// the last role's (highest ranks) first.
 		sort.SliceStable(u.pods, func(i, j int) bool { return rankOf(u.pods[i]) > rankOf(u.pods[j]) })
-		eligible = append(eligible, *u)
+		if g := pr.gangs[pr.gangOf(u.pods[0])]; strings.HasPrefix(k, "placement ") && g != nil && gangv1.Elastic(&g.Spec) {
+			all = append(all, splitElastic(*u, g, on)...)
+			continue
+		}
+		all = append(all, *u)
+	}
+	for _, u := range all {
+		if u.priority >= priority || !budgetsAllow(budgets, u.pods) {
+			continue
+		}
+		eligible = append(eligible, u)
 	}
 	sort.SliceStable(eligible, func(i, j int) bool {
 		a, b := eligible[i], eligible[j]
-		return cmp.Or(cmp.Compare(a.priority, b.priority), cmp.Compare(len(a.pods), len(b.pods)), cmp.Compare(a.name, b.name)) < 0
+		return cmp.Or(cmp.Compare(a.priority, b.priority), cmp.Compare(len(a.pods), len(b.pods)), cmp.Compare(a.order, b.order), cmp.Compare(a.name, b.name)) < 0
 	})
 	return eligible, ending
 }
@@ -450,6 +464,7 @@ func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		return false, fmt.Errorf("list PodDisruptionBudgets for preemption: %w", err)
 	}
 	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v, time.Now())
+	pr.gangs = r.gangIndex()
 	pre, err := pr.choose(ctx, cands, priority, pdbs)
 	if err != nil || pre == nil {
 		return false, err
@@ -494,4 +509,46 @@ func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	st.Preemption = &gangv1.Preemption{Domain: pre.domain, Priority: priority, Victims: names}
 	waiting(st, g.Generation, gangv1.ReasonPreempting, waitingFor)
 	return true, nil
+}
+
+// splitElastic divides the unit of an elastic gang's placement (its pods in
+// rank order, highest first) into one unit per member it may lose alone and
+// the rest: going through its members last role first, highest rank first,
+// each member on the domain's nodes (on) is its own unit while the gang,
+// and the member's role, keep more than their minimums without it. The
+// rest (the minimums, and the members elsewhere) stays one unit: a leader
+// is never taken from its workers, only the whole gang.
+func splitElastic(u unit, g *gangv1.Gang, on map[string]bool) []unit {
+	least, _ := gangv1.Bounds(&g.Spec)
+	roleOf := func(p *v1.Pod) int {
+		return slices.IndexFunc(g.Spec.Roles, func(r gangv1.Role) bool { return r.Name == p.Annotations[gangv1.AnnotationRole] })
+	}
+	pods := slices.Clone(u.pods)
+	sort.SliceStable(pods, func(i, j int) bool { return roleOf(pods[i]) > roleOf(pods[j]) })
+	perRole := make([]int, len(g.Spec.Roles))
+	for _, p := range pods {
+		if i := roleOf(p); i >= 0 {
+			perRole[i]++
+		}
+	}
+	var out []unit
+	rest := unit{name: u.name}
+	left := len(pods)
+	for _, p := range pods {
+		i := roleOf(p)
+		alone := on[p.Spec.NodeName] && left > int(least) && (len(g.Spec.Roles) == 0 || (i >= 0 && perRole[i] > int(gangv1.RoleMin(g.Spec.Roles[i]))))
+		if !alone {
+			if len(rest.pods) == 0 || podPriority(p) > rest.priority {
+				rest.priority = podPriority(p)
+			}
+			rest.pods = append(rest.pods, p)
+			continue
+		}
+		out = append(out, unit{name: fmt.Sprintf("pod %s/%s of %s (above its minimum)", p.Namespace, p.Name, u.name), pods: []*v1.Pod{p}, priority: podPriority(p), order: len(out)})
+		left--
+		if i >= 0 {
+			perRole[i]--
+		}
+	}
+	return append(out, rest)
 }

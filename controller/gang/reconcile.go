@@ -134,6 +134,7 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 	// A placement cut short is undone from its record first, whatever the
 	// spec says now: its claims may belong to pods that are no longer
 	// members.
+	rec, _ := recordOf(g)
 	freed, recorded, err := r.rollBackRecorded(ctx, g)
 	if err != nil {
 		return result{requeueAfter: time.Second}, err
@@ -144,6 +145,11 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 	if verr != nil {
 		waiting(st, g.Generation, gangv1.ReasonInvalid, verr.Error())
 		return result{}, nil
+	}
+	if recorded && rec.Growth {
+		// The placement stands; only its growth was undone. The next
+		// look grows it again.
+		return result{requeueAfter: time.Second}, nil
 	}
 	if recorded {
 		waiting(st, g.Generation, gangv1.ReasonPlacementPending, "rolled back a placement that was never committed; placing the gang afresh")
@@ -158,7 +164,7 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 	if busy, err := r.rollBack(ctx, g, v, st); busy || err != nil {
 		return result{requeueAfter: time.Second}, err
 	}
-	size := int(g.Spec.Size)
+	least, most := gangv1.Bounds(&g.Spec)
 	if reason, msg := roleCounts(g, v); reason != "" {
 		waiting(st, g.Generation, reason, msg)
 		return result{}, nil
@@ -167,11 +173,14 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 	case v.invalid != "":
 		waiting(st, g.Generation, gangv1.ReasonInvalid, v.invalid)
 		return result{}, nil
-	case len(v.live) < size:
-		waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("%d of %d members exist; the gang is placed when all do", len(v.live), size))
+	case len(v.live) < int(least) && v.elastic:
+		waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("%d of %d members exist; the gang is placed when its minimum (%d) do", len(v.live), most, least))
 		return result{}, nil
-	case len(v.live) > size:
-		waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("%d pods are members (by spec.selector or spec.podGroupName), the gang has %d: make them exactly the gang's pods", len(v.live), size))
+	case len(v.live) < int(least):
+		waiting(st, g.Generation, gangv1.ReasonMembersMissing, fmt.Sprintf("%d of %d members exist; the gang is placed when all do", len(v.live), least))
+		return result{}, nil
+	case len(v.live) > int(most):
+		waiting(st, g.Generation, gangv1.ReasonTooManyMembers, fmt.Sprintf("%d pods are members (by spec.selector or spec.podGroupName), the gang has at most %d: make them exactly the gang's pods", len(v.live), most))
 		return result{}, nil
 	case v.pending != "":
 		waiting(st, g.Generation, gangv1.ReasonClaimsPending, v.pending)
@@ -237,6 +246,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 			}
 		}
 		msg := noFitMessage(len(v.live), verdicts)
+		if v.elastic {
+			msg = noFitMessageFor(len(v.live), fmt.Sprintf("the minimum (%d) of the %d members", v.least, len(v.live)), verdicts)
+		}
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
 			r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonNoDomainFits, msg)
 			logger.V(2).Info("Gang does not fit", "why", msg)
@@ -262,7 +274,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		return result{requeueAfter: time.Second}, nil
 	}
 	id := uuid.NewString()[:8]
-	if g, err = r.recordPlacement(ctx, g, id, ws); err != nil {
+	if g, err = r.recordPlacement(ctx, g, id, false, ws); err != nil {
 		return result{}, err
 	}
 	written := make([]*resourceapi.ResourceClaim, len(ws))
@@ -310,20 +322,24 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if r.interrupt != nil && r.interrupt(StepRelease) {
 		return result{}, errInterrupted
 	}
-	err = parallel(len(v.live), func(i int) error {
-		return release(ctx, r.client, v.live[i], p.nodes[i], id)
+	err = parallel(len(p.members), func(i int) error {
+		return release(ctx, r.client, p.members[i], p.nodes[i], id)
 	})
 	if err != nil {
 		return result{}, err // committed: the next reconcile releases the rest
 	}
 	notMet := spreadNotMet(gangv1.PlacementOf(&g.Spec), nodes, p.nodes)
-	placed(st, g.Generation, p.device(), p.nodes, len(v.live), notMet)
-	msg := fmt.Sprintf("placed %d members in %s on %d nodes", len(v.live), p.device(), len(st.Nodes))
+	placed(st, g.Generation, p.device(), p.nodes, len(p.members), notMet)
+	st.PlacedMembers = int32(len(p.members))
+	msg := fmt.Sprintf("placed %d members in %s on %d nodes", len(p.members), p.device(), len(st.Nodes))
+	if left := len(v.live) - len(p.members); left > 0 {
+		msg += fmt.Sprintf("; %d more join when room appears there", left)
+	}
 	if notMet != "" {
 		msg += "; " + notMet
 	}
 	r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonPlaced, msg)
-	logger.Info("Gang placed", "domain", p.device(), "members", len(v.live), "nodes", len(st.Nodes), "placement", id, "duration", time.Since(began).Round(time.Millisecond))
+	logger.Info("Gang placed", "domain", p.device(), "members", len(p.members), "waiting", len(v.live)-len(p.members), "nodes", len(st.Nodes), "placement", id, "duration", time.Since(began).Round(time.Millisecond))
 	r.metrics.attempt("placed")
 	r.metrics.placed(time.Since(began))
 	return result{}, nil
@@ -334,7 +350,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, members int, notMet string) {
 	set := map[string]bool{}
 	for _, n := range nodes {
-		set[n] = true
+		if n != "" {
+			set[n] = true
+		}
 	}
 	st.Nodes = st.Nodes[:0]
 	for n := range set {
@@ -377,7 +395,24 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 			lost = append(lost, fmt.Sprintf("member %s is being deleted", p.Name))
 		}
 	}
-	if survivors < int(g.Spec.Size) && len(lost) == 0 {
+	shrunk := ""
+	if v.elastic {
+		// An elastic gang lets its lost members go while its minimums
+		// live; the rest of it goes on untouched.
+		if short := v.short(survivorsOf(in, v.all, v.roleNames, id)); short == "" {
+			// Only news is reported: members fewer than at the last look
+			// (PlacedMembers), or any loss when that count is unknown.
+			if gone := st.PlacedMembers - int32(survivors); gone > 0 || (st.PlacedMembers == 0 && len(lost) > 0) {
+				if gone > 0 {
+					lost = append(lost, fmt.Sprintf("the placement lost %d members since the last look", gone))
+				}
+				shrunk = strings.Join(lost, "; ")
+			}
+			lost = nil
+		} else if len(lost) == 0 {
+			lost = append(lost, fmt.Sprintf("%d members of the placement live, %s (the others are gone: deleted, or their node left)", survivors, short))
+		}
+	} else if survivors < int(g.Spec.Size) && len(lost) == 0 {
 		lost = append(lost, fmt.Sprintf("%d of %d members of the placement are gone (deleted, or their node left)", int(g.Spec.Size)-survivors, g.Spec.Size))
 	}
 	var recheck time.Duration
@@ -432,7 +467,10 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		if device == "" {
 			device = domainOf(v)
 		}
+		shrank := shrunkCondition(st)
 		placed(st, g.Generation, device, nodes, len(in), r.spreadNotMet(g, nodes))
+		st.PlacedMembers = int32(survivors)
+		keepShrunk(g, st, shrank, survivors)
 		if r.imex {
 			r.imexStatus(g, v, st)
 		}
@@ -440,6 +478,19 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 			setCondition(st, g.Generation, gangv1.ConditionRunning, true, gangv1.ReasonRunning, fmt.Sprintf("all %d live members run", running))
 		} else {
 			setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonNotRunning, fmt.Sprintf("%d of %d live members run", running, len(in)))
+		}
+		if shrunk != "" {
+			least, most := gangv1.Bounds(&g.Spec)
+			msg := fmt.Sprintf("%s; the gang goes on with %d of at most %d members (at least %d)", shrunk, survivors, most, least)
+			if conditionMessage(st, gangv1.ConditionFailed) != msg {
+				r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonShrunk, msg)
+			}
+			setCondition(st, g.Generation, gangv1.ConditionFailed, false, gangv1.ReasonShrunk, msg)
+		}
+		if v.elastic {
+			res, err := r.grow(ctx, g, v, id, in, st)
+			res.requeueAfter = sooner(res.requeueAfter, recheck)
+			return true, res, err
 		}
 		return true, result{requeueAfter: recheck}, nil
 	}
@@ -454,6 +505,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	setCondition(st, g.Generation, gangv1.ConditionPlaced, false, gangv1.ReasonMemberLost, msg)
 	setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonMemberLost, msg)
 	setCondition(st, g.Generation, gangv1.ConditionWaiting, true, gangv1.ReasonMemberLost, "evicting the members of the lost placement")
+	st.PlacedMembers = 0
 	err := byRoleLastFirst(in, func(m *member) error {
 		if m.gated() {
 			for _, c := range m.claims {

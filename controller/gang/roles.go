@@ -7,16 +7,17 @@ import (
 )
 
 // roleCounts says why a gang with roles waits on its members' numbers: the
-// first role with fewer or more live members than its size ("" when every
-// role has its size, the gang has no roles, or its members are invalid).
+// first role with fewer live members than its minimum (its size, unless it
+// is elastic) or more than its size ("" when every role is within its
+// bounds, the gang has no roles, or its members are invalid).
 func roleCounts(g *gangv1.Gang, v *view) (reason, msg string) {
 	if v.invalid != "" {
 		return "", ""
 	}
 	for i, r := range g.Spec.Roles {
-		switch {
-		case v.roles[i] < int(r.Size):
-			return gangv1.ReasonMembersMissing, fmt.Sprintf("role %s: %d of %d members exist; the gang is placed when every role's do", r.Name, v.roles[i], r.Size)
+		switch least := gangv1.RoleMin(r); {
+		case v.roles[i] < int(least):
+			return gangv1.ReasonMembersMissing, fmt.Sprintf("role %s: %d of %d members exist; the gang is placed when every role's do", r.Name, v.roles[i], least)
 		case v.roles[i] > int(r.Size):
 			return gangv1.ReasonTooManyMembers, fmt.Sprintf("role %s: %d pods match spec.roles[%d].selector, the role has %d: make them exactly the role's pods", r.Name, v.roles[i], i, r.Size)
 		}

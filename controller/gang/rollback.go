@@ -24,8 +24,8 @@ import (
 // crash, a failed write, a conflict), the next reconcile rolls back exactly
 // those, even if the gang's selector or spec has changed meanwhile. It
 // returns the gang as updated.
-func (r *reconciler) recordPlacement(ctx context.Context, g *gangv1.Gang, id string, ws []claimWrite) (*gangv1.Gang, error) {
-	rec := gangv1.UncommittedPlacement{Placement: id}
+func (r *reconciler) recordPlacement(ctx context.Context, g *gangv1.Gang, id string, growth bool, ws []claimWrite) (*gangv1.Gang, error) {
+	rec := gangv1.UncommittedPlacement{Placement: id, Growth: growth}
 	for _, w := range ws {
 		rec.Claims = append(rec.Claims, w.claim.Name)
 	}
@@ -60,14 +60,14 @@ func recordOf(g *gangv1.Gang) (rec gangv1.UncommittedPlacement, ok bool) {
 // recorded (those still allocated for that placement: a claim written
 // again since is left alone) and then drops the record. It returns how many
 // claims it freed; ok is false when the gang has no record. A record of
-// the committed placement (the commit removes it, so only a hand edit
-// leaves one) is dropped without clearing anything.
+// the committed placement that is not a growth (the commit removes it, so
+// only a hand edit leaves one) is dropped without clearing anything.
 func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (freed int, ok bool, _ error) {
 	rec, ok := recordOf(g)
 	if !ok {
 		return 0, false, nil
 	}
-	if rec.Placement != "" && rec.Placement != g.Annotations[gangv1.AnnotationCommitted] {
+	if rec.Placement != "" && (rec.Growth || rec.Placement != g.Annotations[gangv1.AnnotationCommitted]) {
 		for _, name := range rec.Claims {
 			c, err := r.client.ResourceV1().ResourceClaims(g.Namespace).Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

@@ -48,11 +48,17 @@ func conditionMessage(st *gangv1.GangStatus, typ string) string {
 // noFitMessage says why no domain fits: the closest ones and what each
 // lacked.
 func noFitMessage(size int, vs []verdict) string {
+	return noFitMessageFor(size, fmt.Sprintf("all %d members", size), vs)
+}
+
+// noFitMessageFor is noFitMessage saying what had to fit in words (the
+// minimum of an elastic gang).
+func noFitMessageFor(size int, what string, vs []verdict) string {
 	if len(vs) == 0 {
 		return fmt.Sprintf("no domain is published for %d members: no node's slices show an NVLink clique and no node carries the controller's topology label", size)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "no domain fits all %d members; closest: ", size)
+	fmt.Fprintf(&b, "no domain fits %s; closest: ", what)
 	for i, v := range vs {
 		if i == 3 {
 			fmt.Fprintf(&b, "; and %d more", len(vs)-3)

@@ -49,13 +49,13 @@ func writes(g *gangv1.Gang, v *view, p *plan, nodes map[string]*v1.Node) []claim
 	var out []claimWrite
 	if p.domainAlloc != nil {
 		var pods []*v1.Pod
-		for _, m := range v.live {
+		for _, m := range p.members {
 			pods = append(pods, m.pod)
 		}
 		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, pods: pods,
 			annotations: map[string]string{gangv1.AnnotationNodes: gangv1.FormatNodes(placementNodes(p.nodes, nodes))}})
 	}
-	for i, m := range v.live {
+	for i, m := range p.members {
 		for j, c := range m.claims {
 			out = append(out, claimWrite{claim: c, alloc: p.allocs[i][j], pods: []*v1.Pod{m.pod},
 				annotations: m.annotations()})
@@ -126,7 +126,8 @@ func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang
 			c.Annotations = map[string]string{}
 		}
 		c.Annotations[gangv1.AnnotationGang] = g.Namespace + "/" + g.Name
-		c.Annotations[gangv1.AnnotationSize] = strconv.Itoa(int(g.Spec.Size))
+		_, most := gangv1.Bounds(&g.Spec)
+		c.Annotations[gangv1.AnnotationSize] = strconv.Itoa(int(most))
 		c.Annotations[gangv1.AnnotationPlacement] = id
 		for k, val := range w.annotations {
 			c.Annotations[k] = val

@@ -2,8 +2,9 @@
 // declare Tessera gangs. For each PodGroup with a gang policy whose group
 // claims include one of class domain.gpu.tessera.dev (or that is annotated
 // gang.tessera.dev/managed: "true"), it keeps a Gang of the same name whose
-// members are the PodGroup's pods, whose size is its minCount and whose domain
-// claim is the group's. The Gang is owned by the PodGroup: the gang
+// members are the PodGroup's pods, whose size is its minCount (an elastic
+// gang from minCount to gang.tessera.dev/max-size where the PodGroup carries
+// that annotation) and whose domain claim is the group's. The Gang is owned by the PodGroup: the gang
 // controller places it like any other, its status and events tell the user
 // why it waits, and the garbage collector removes it with the PodGroup. It
 // runs only where the API server serves PodGroups.
@@ -13,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -232,6 +234,14 @@ func Desired(pg *schedulingv1beta1.PodGroup, getClaim func(namespace, name strin
 	if domain == "" && pg.Annotations[gangv1.AnnotationManaged] != "true" {
 		return nil, ""
 	}
+	spec := gangv1.GangSpec{Size: pg.Spec.SchedulingPolicy.Gang.MinCount, PodGroupName: pg.Name, DomainClaimName: domain}
+	if raw, ok := pg.Annotations[gangv1.AnnotationMaxSize]; ok {
+		most, err := strconv.ParseInt(raw, 10, 32)
+		if err != nil || int32(most) < spec.Size {
+			return nil, fmt.Sprintf("annotation %s=%q: want a number of at least the gang policy's minCount (%d), the most members the elastic gang grows to", gangv1.AnnotationMaxSize, raw, spec.Size)
+		}
+		spec.MinSize, spec.MaxSize, spec.Size = spec.Size, int32(most), 0
+	}
 	return &gangv1.Gang{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      pg.Name,
@@ -241,11 +251,7 @@ func Desired(pg *schedulingv1beta1.PodGroup, getClaim func(namespace, name strin
 				Name: pg.Name, UID: pg.UID, Controller: ptr.To(true),
 			}},
 		},
-		Spec: gangv1.GangSpec{
-			Size:            pg.Spec.SchedulingPolicy.Gang.MinCount,
-			PodGroupName:    pg.Name,
-			DomainClaimName: domain,
-		},
+		Spec: spec,
 	}, ""
 }
 

@@ -85,6 +85,12 @@ func TestDesiredGangOfAPodGroup(t *testing.T) {
 			pg.Spec.ResourceClaims = append(pg.Spec.ResourceClaims, schedulingv1beta1.PodGroupResourceClaim{Name: "second", ResourceClaimName: ptr.To("other-domain")})
 		}), "-", "both domain claims"},
 		{"being deleted", group(func(pg *schedulingv1beta1.PodGroup) { pg.DeletionTimestamp = &metav1.Time{} }), "-", ""},
+		{"elastic", group(func(pg *schedulingv1beta1.PodGroup) {
+			pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "8"}
+		}), "train-domain-abcde", ""},
+		{"elastic below minCount", group(func(pg *schedulingv1beta1.PodGroup) {
+			pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "3"}
+		}), "-", `annotation gang.tessera.dev/max-size="3": want a number of at least the gang policy's minCount (4)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, why := podgroups.Desired(tc.pg, getClaim)
@@ -100,8 +106,13 @@ func TestDesiredGangOfAPodGroup(t *testing.T) {
 			if g == nil {
 				t.Fatalf("no gang (%s)", why)
 			}
-			if g.Name != "train" || g.Namespace != "ml" || g.Spec.Size != 4 || g.Spec.PodGroupName != "train" || g.Spec.DomainClaimName != tc.domain {
-				t.Errorf("gang %s/%s %+v, want ml/train of 4 members of PodGroup train, domain claim %q", g.Namespace, g.Name, g.Spec, tc.domain)
+			least, most := gangv1.Bounds(&g.Spec)
+			wantMost := int32(4)
+			if tc.pg.Annotations[gangv1.AnnotationMaxSize] == "8" {
+				wantMost = 8
+			}
+			if g.Name != "train" || g.Namespace != "ml" || least != 4 || most != wantMost || g.Spec.PodGroupName != "train" || g.Spec.DomainClaimName != tc.domain {
+				t.Errorf("gang %s/%s %+v, want ml/train of 4 to %d members of PodGroup train, domain claim %q", g.Namespace, g.Name, g.Spec, wantMost, tc.domain)
 			}
 			if !metav1.IsControlledBy(g, tc.pg) {
 				t.Errorf("gang owners %+v, want the PodGroup as controller", g.OwnerReferences)
