@@ -10,6 +10,7 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -66,7 +67,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 
 	dir := filepath.Join(examplesDir, gangExamples)
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	names := []string{"launcher-workers-job.yaml", "nvlink-training-job.yaml", "rack-training-job.yaml", "spread-training-job.yaml"}
+	names := []string{"backfill-job.yaml", "elastic-training-job.yaml", "launcher-workers-job.yaml", "nvlink-training-job.yaml", "priority-training-job.yaml", "rack-training-job.yaml", "spread-training-job.yaml"}
 	if err != nil || !slices.Equal(files, prefixed(dir, names)) {
 		t.Fatalf("gang examples %v (%v), want %v: a new example needs its check here", files, err, names)
 	}
@@ -198,6 +199,91 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 		t.Errorf("launcher-workers gang: rank -> role/role rank/role size %v, want %v", got, want)
 	}
 	t.Logf("example gang lw-train runs on %v in %s", g.Status.Nodes, g.Status.Domain)
+
+	// The elastic Job (four workers of two GPUs, minSize 2) once the
+	// launcher and its workers are gone: with spread-train's worker on
+	// each tray, one of its workers fits per tray, so it starts with two
+	// (indexes 0 and 1, the lowest ranks) and the others wait gated; once
+	// spread-train ends, they join the same placement.
+	gs.delete(ctx, t, metav1.NamespaceDefault, "lw-train")
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "lw-launcher")
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "lw-workers")
+	applyFile(ctx, t, c, filepath.Join(dir, "elastic-training-job.yaml"))
+	elastic := func(index string) *corev1.Pod {
+		list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=elastic-train," + batchv1.JobCompletionIndexAnnotation + "=" + index})
+		if err != nil || len(list.Items) != 1 {
+			return nil
+		}
+		return &list.Items[0]
+	}
+	err = wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p0, p1 := elastic("0"), elastic("1")
+		return p0 != nil && p1 != nil && p0.Status.Phase == corev1.PodRunning && p1.Status.Phase == corev1.PodRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("the elastic gang did not start with its two lowest ranks:\n%s\nevents:\n%s", c.describePods(ctx, metav1.NamespaceDefault), c.events(ctx, metav1.NamespaceDefault))
+	}
+	for _, index := range []string{"2", "3"} {
+		if p := elastic(index); p == nil || len(p.Spec.SchedulingGates) == 0 || p.Spec.NodeName != "" {
+			t.Fatalf("elastic worker %s not left gated while there is no room:\n%s", index, c.describePods(ctx, metav1.NamespaceDefault))
+		}
+	}
+	placement := gs.get(ctx, t, metav1.NamespaceDefault, "elastic-train").Annotations[gangv1.AnnotationCommitted]
+	gs.delete(ctx, t, metav1.NamespaceDefault, "spread-train")
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "spread-train")
+	pods = c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=elastic-train", 4, 3*time.Minute)
+	for _, p := range pods {
+		var env map[string]string
+		for _, rc := range c.Node(p.Spec.NodeName).Containers() {
+			if rc.PodUID == string(p.UID) && rc.Name == "worker" {
+				env = rc.EnvMap()
+			}
+		}
+		index := p.Labels[batchv1.JobCompletionIndexAnnotation]
+		if env[gangv1.EnvGangRank] != index || env[gangv1.EnvGangSize] != "4" || p.Annotations[gangv1.AnnotationPlacement] != placement || !slices.Contains([]string{"tray-1", "tray-2"}, p.Spec.NodeName) {
+			t.Errorf("elastic worker %s on %s: %s=%q %s=%q, placement %q (first %q); want its index, 4 and one placement on the trays", index, p.Spec.NodeName,
+				gangv1.EnvGangRank, env[gangv1.EnvGangRank], gangv1.EnvGangSize, env[gangv1.EnvGangSize], p.Annotations[gangv1.AnnotationPlacement], placement)
+		}
+	}
+	if !c.hasEvent(ctx, metav1.NamespaceDefault, "elastic-train", gangv1.ReasonGrown) {
+		t.Errorf("no %s event on the elastic gang", gangv1.ReasonGrown)
+	}
+	t.Logf("example gang elastic-train started with 2 workers and grew to 4 in placement %s", placement)
+
+	// The backfill Job, once the elastic one is gone: with no reservation
+	// it runs as any pod, its claim tolerating reservations.
+	gs.delete(ctx, t, metav1.NamespaceDefault, "elastic-train")
+	c.deleteJob(ctx, t, metav1.NamespaceDefault, "elastic-train")
+	applyFile(ctx, t, c, filepath.Join(dir, "backfill-job.yaml"))
+	backfill := c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=backfill", 1, 3*time.Minute)[0]
+	if claim := c.claimOf(ctx, t, &backfill, "gpu"); len(claim.Spec.Devices.Requests) != 1 || len(claim.Spec.Devices.Requests[0].Exactly.Tolerations) != 1 || claim.Spec.Devices.Requests[0].Exactly.Tolerations[0].Key != gangv1.TaintReserved {
+		t.Errorf("backfill pod's claim tolerates %+v, want %s", claim.Spec.Devices.Requests, gangv1.TaintReserved)
+	}
+
+	// The urgent Job: rack-train (priority 0) fills rack-2, so the urgent
+	// gang preempts it whole and runs there.
+	rackTrain := map[types.UID]bool{}
+	for _, p := range c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=rack-train", 2, time.Minute) {
+		rackTrain[p.UID] = true
+	}
+	applyFile(ctx, t, c, filepath.Join(dir, "priority-training-job.yaml"))
+	pods = c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=urgent-train", 2, 3*time.Minute)
+	for _, p := range pods {
+		if !slices.Contains([]string{"dgx-1", "dgx-2"}, p.Spec.NodeName) {
+			t.Errorf("urgent worker %s on %s, want rack-2", p.Name, p.Spec.NodeName)
+		}
+	}
+	if !c.hasEvent(ctx, metav1.NamespaceDefault, "urgent-train", gangv1.ReasonPreempting) {
+		t.Errorf("no %s event on urgent-train", gangv1.ReasonPreempting)
+	}
+	list, err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=rack-train"})
+	noErr(t, err)
+	for _, p := range list.Items {
+		if rackTrain[p.UID] && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			t.Errorf("rack-train worker %s still runs beside the urgent gang", p.Name)
+		}
+	}
+	t.Logf("example gang urgent-train preempted rack-train and runs on rack-2")
 }
 
 // prefixed joins dir to each of names.
