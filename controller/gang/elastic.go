@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -70,7 +71,7 @@ func joining(g *gangv1.Gang, v *view, survivors []*member) []*member {
 	}
 	var out []*member
 	for _, m := range v.live {
-		if room == 0 {
+		if room <= 0 {
 			break
 		}
 		if !m.gated() || held[m.pod] || (m.role != "" && roleRoom[m.roleIndex] <= 0) {
@@ -113,19 +114,22 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 	if err != nil {
 		return result{}, err
 	}
+	if r.allGangs != nil {
+		priority, _ := gangPriority(v)
+		v.held = heldDomains(r.allGangs(), g, priority)
+	}
 	cand, ok := r.placementDomain(snap, v, in, nodes)
 	if !ok {
 		logger.V(2).Info("Cannot tell the domain of the gang's placement; not growing it", "placement", id)
 		return result{}, nil
 	}
-	if r.allGangs != nil {
-		priority, _ := gangPriority(v)
-		if why, held := heldDomains(r.allGangs(), g, priority)[cand.pool]; held {
-			logger.V(3).Info("Not growing the gang: its domain is held", "domain", cand.pool, "why", why)
-			return result{}, nil
-		}
+	if why, held := v.held[cand.pool]; held {
+		logger.V(3).Info("Not growing the gang: its domain is held", "domain", cand.pool, "why", why)
+		return result{}, nil
 	}
-	gv := &view{live: join, elastic: true, placement: v.placement}
+	// No minimum for a growth: as many as fit join (the roles' lists
+	// sized for the count, all zero).
+	gv := &view{live: join, elastic: true, placement: v.placement, roleLeast: make([]int, len(v.roleLeast)), roleNames: v.roleNames}
 	for _, m := range in {
 		if n := nodes[m.pod.Spec.NodeName]; n != nil {
 			gv.grow = append(gv.grow, n)
@@ -139,7 +143,11 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 	if stale, err := conflicts(ctx, r.client, snap, nodes, planned(ws)); err != nil || stale != "" {
 		return result{requeueAfter: time.Second}, err
 	}
-	recorded, err := r.recordPlacement(ctx, g, id, true, ws)
+	attempt := uuid.NewString()[:8]
+	for i := range ws {
+		ws[i].annotations[gangv1.AnnotationGrowth] = attempt
+	}
+	recorded, err := r.recordPlacement(ctx, g, id, attempt, ws)
 	if err != nil {
 		return result{}, err
 	}
@@ -228,7 +236,7 @@ func (r *reconciler) placementDomain(snap *simulate.Snapshot, v *view, in []*mem
 	}
 	var on []string
 	for _, m := range in {
-		if n := m.pod.Spec.NodeName; n != "" {
+		if n := nodeOf(m, v); n != "" {
 			on = append(on, n)
 		}
 	}
@@ -241,7 +249,19 @@ func (r *reconciler) placementDomain(snap *simulate.Snapshot, v *view, in []*mem
 		}
 	}
 	if pl := gangv1.PlacementOf(&gangv1.GangSpec{Placement: v.placement}); pl.Policy == gangv1.PolicySpread {
-		return clusterCandidate(snap, r.driver, nodes), true
+		// Placed over several domains: it may grow on every node but
+		// those of domains held for other gangs.
+		c := clusterCandidate(snap, r.driver, nodes)
+		heldNodes := map[string]bool{}
+		for _, d := range cands {
+			if _, ok := v.held[d.pool]; ok {
+				for _, n := range d.nodes {
+					heldNodes[n] = true
+				}
+			}
+		}
+		c.nodes = slices.DeleteFunc(c.nodes, func(n string) bool { return heldNodes[n] })
+		return c, true
 	}
 	return candidate{}, false
 }

@@ -1,10 +1,12 @@
 package gang
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -283,5 +285,210 @@ func TestAPreemptingGangTakesOnlyTheWorkersAboveAnElasticGangsMinimum(t *testing
 	f.freeClaimsOfGonePods()
 	if high = f.reconcileOK("high"); high.Annotations[gangv1.AnnotationCommitted] == "" || !strings.HasPrefix(high.Status.Domain, poolOf(1)) {
 		t.Fatalf("high gang not placed in the freed clique: %q %+v", high.Status.Domain, high.Status.Conditions)
+	}
+}
+
+// grownGang is an elastic gang of six one-GPU members (min 2) that started
+// with four on tray b1 beside a blocker, whose members run, and then grew
+// the other two onto tray b2 once the blocker went; it returns the
+// placement's ID.
+func grownGang(t *testing.T) (*fakeCluster, string) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.runningPod("blocker", "b2", 4, 0)
+	f.elasticGang(6, 2, 6)
+	id := f.reconcileOK("g").Annotations[gangv1.AnnotationCommitted]
+	f.runReleased("m-0", "m-1", "m-2", "m-3")
+	f.deleteObject("pods", "blocker")
+	f.deleteObject("resourceclaims", "blocker-gpu")
+	f.reconcileOK("g")
+	f.runReleased("m-4", "m-5")
+	return f, id
+}
+
+// A growth record naming claims of released members (stale, or forged by
+// whoever may write the gang) clears nothing: a growth rollback clears only
+// claims its own attempt wrote, of pods still gated, read from the API.
+func TestAGrowthRecordNeverClearsARunningMembersClaim(t *testing.T) {
+	f, id := grownGang(t)
+	attempt := f.claim("ml", "m-4-gpu").Annotations[gangv1.AnnotationGrowth]
+	if attempt == "" {
+		t.Fatal("a grown member's claim names no growth")
+	}
+	for _, forged := range []gangv1.UncommittedPlacement{
+		{Placement: id, Growth: true, Attempt: attempt, Claims: []string{"m-4-gpu", "m-5-gpu"}},
+		{Placement: id, Growth: true, Attempt: "other", Claims: []string{"m-0-gpu", "m-4-gpu"}},
+	} {
+		g := f.gang("ml", "g")
+		raw, _ := json.Marshal(forged)
+		g.Annotations[gangv1.AnnotationUncommitted] = string(raw)
+		if _, err := f.r.gangs.Update(f.ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		g = f.reconcileOK("g")
+		if _, ok := recordOf(g); ok || g.Annotations[gangv1.AnnotationCommitted] != id {
+			t.Fatalf("after the record %+v: annotations %v", forged, g.Annotations)
+		}
+		for _, name := range []string{"m-0", "m-4", "m-5"} {
+			if f.claim("ml", name+"-gpu").Status.Allocation == nil {
+				t.Fatalf("the record %+v cleared running member %s's claim", forged, name)
+			}
+		}
+	}
+}
+
+// A member of an elastic gang that cannot be scheduled where it was placed
+// is evicted alone while the rest meet the minimum: the others run on.
+func TestAStuckMemberOfAnElasticGangIsEvictedAlone(t *testing.T) {
+	f, id := grownGang(t)
+	p := f.pod("ml", "m-5")
+	p.Spec.NodeName = ""
+	p.Status.Phase = v1.PodPending
+	p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable,
+		Message: "0/2 nodes are available: 1 Insufficient cpu", LastTransitionTime: metav1.NewTime(time.Now().Add(-2 * time.Minute))}}
+	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+		t.Fatal(err)
+	}
+	g := f.reconcileOK("g")
+	failed := meta.FindStatusCondition(g.Status.Conditions, gangv1.ConditionFailed)
+	if !slices.Equal(f.evicted, []string{"m-5"}) || g.Annotations[gangv1.AnnotationCommitted] != id || failed == nil || failed.Reason != gangv1.ReasonShrunk ||
+		!strings.Contains(failed.Message, "member m-5 cannot be scheduled on the node it was placed on") {
+		t.Fatalf("evicted %v, committed %q, Failed %+v; want m-5 alone evicted and the gang going on", f.evicted, g.Annotations[gangv1.AnnotationCommitted], failed)
+	}
+}
+
+// A growth cut after its commit, before the release, keeps the ranks its
+// claims were written with: the release writes the same rank on the pod,
+// and a later replacement takes a free rank, never one of theirs.
+func TestAGrowthCutBeforeTheReleaseKeepsItsRanks(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.runningPod("blocker", "b2", 4, 0)
+	f.elasticGang(6, 2, 6)
+	f.reconcileOK("g")
+	f.runReleased("m-0", "m-1", "m-2", "m-3")
+	f.deleteObject("pods", "blocker")
+	f.deleteObject("resourceclaims", "blocker-gpu")
+	f.r.interrupt = func(step string) bool { return step == StepRelease }
+	if _, err := f.reconcile("ml", "g"); err == nil {
+		t.Fatal("growth not interrupted")
+	}
+	f.r.interrupt = nil
+	// Meanwhile m-1 fails: by name the gated m-4 and m-5 would now rank 3
+	// and 4.
+	f.setPhase("m-1", v1.PodFailed)
+	f.deleteObject("resourceclaims", "m-1-gpu")
+	f.reconcileOK("g")
+	for name, want := range map[string]string{"m-4": "4", "m-5": "5"} {
+		if p, c := f.pod("ml", name), f.claim("ml", name+"-gpu"); hasGate(p) || p.Annotations[gangv1.AnnotationRank] != want || c.Annotations[gangv1.AnnotationRank] != want {
+			t.Errorf("%s: gated %v, rank %q on the pod and %q on the claim, want %s on both", name, hasGate(p), p.Annotations[gangv1.AnnotationRank], c.Annotations[gangv1.AnnotationRank], want)
+		}
+	}
+	f.member("m-9", map[string]string{"gang": "g"}, 1)
+	f.reconcileOK("g")
+	if got := f.pod("ml", "m-9").Annotations[gangv1.AnnotationRank]; got != "1" {
+		t.Errorf("replacement rank %q, want 1", got)
+	}
+}
+
+// A gang with an elastic role grows that role (the growth has no minimum of
+// its own), and keeps the launcher's rank.
+func TestAnElasticRoleGrows(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.runningPod("blocker", "b2", 4, 0)
+	f.create(newClaim("domain", "domain.gpu.tessera.dev", 1))
+	f.member("launcher", map[string]string{"gang": "g", "role": "launcher"}, 1)
+	for i := range 5 {
+		f.member(fmt.Sprintf("w-%d", i), map[string]string{"gang": "g", "role": "worker"}, 1)
+	}
+	g := labelGangOf("g", 6, "domain")
+	g.Spec.Roles = []gangv1.Role{
+		{Name: "launcher", Size: 1, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"role": "launcher"}}},
+		{Name: "workers", Size: 5, MinSize: 2, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"role": "worker"}}},
+	}
+	if _, err := f.r.gangs.Create(f.ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcileOK("g")
+	if got := f.released("launcher", "w-0", "w-1", "w-2", "w-3", "w-4"); !sameMap(got, map[string]string{"launcher": "0", "w-0": "1", "w-1": "2", "w-2": "3"}) {
+		t.Fatalf("released %v, want the launcher and three workers that fit", got)
+	}
+	f.runReleased("launcher", "w-0", "w-1", "w-2")
+	f.deleteObject("pods", "blocker")
+	f.deleteObject("resourceclaims", "blocker-gpu")
+	f.reconcileOK("g")
+	if got := f.released("w-3", "w-4"); !sameMap(got, map[string]string{"w-3": "4", "w-4": "5"}) {
+		t.Fatalf("after room appeared: released %v, want w-3 and w-4 with ranks 4 and 5", got)
+	}
+	if r := f.pod("ml", "w-4").Annotations[gangv1.AnnotationRoleRank]; r != "4" {
+		t.Errorf("w-4's role rank %q, want 4", r)
+	}
+}
+
+// Stable ranks: a released member keeps its rank unless it is out of range
+// or taken; a newcomer takes its completion index when free, else the
+// lowest rank free; a succeeded member's rank is never handed out again.
+func TestKeepRanksKeepsReleasedRanksAndFillsTheLowestFree(t *testing.T) {
+	mk := func(name, index, rank string, released bool) *member {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}, Annotations: map[string]string{}}}
+		if index != "" {
+			p.Labels[jobIndexLabel] = index
+		}
+		if released {
+			p.Annotations[gangv1.AnnotationPlacement], p.Annotations[gangv1.AnnotationRank] = "p1", rank
+		} else {
+			p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}}
+		}
+		return &member{pod: p}
+	}
+	for _, tc := range []struct {
+		name      string
+		group     []*member
+		succeeded []int
+		want      map[string]int
+	}{
+		{"by name: the lowest free", []*member{mk("a", "", "2", true), mk("b", "", "0", true), mk("z", "", "", false)}, nil, map[string]int{"a": 2, "b": 0, "z": 1}},
+		{"a succeeded member's rank stays its own", []*member{mk("b", "", "1", true), mk("z", "", "", false)}, []int{0}, map[string]int{"b": 1, "z": 2}},
+		{"a replacement takes its free completion index", []*member{mk("a", "0", "0", true), mk("b", "1", "1", true), mk("c", "3", "", false)}, nil, map[string]int{"a": 0, "b": 1, "c": 3}},
+		{"a kept rank out of range is given again", []*member{mk("a", "", "7", true), mk("b", "", "0", true)}, nil, map[string]int{"a": 1, "b": 0}},
+		{"two claiming one rank: the second gets a free one", []*member{mk("a", "", "1", true), mk("b", "", "1", true)}, nil, map[string]int{"a": 1, "b": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			byIndex := rankGroup(tc.group)
+			taken := map[int]bool{}
+			for _, r := range tc.succeeded {
+				taken[r] = true
+			}
+			keepRanks(tc.group, "p1", gangv1.AnnotationRank, 4, byIndex, taken)
+			got := map[string]int{}
+			for _, m := range tc.group {
+				got[m.pod.Name] = m.rank
+			}
+			for name, want := range tc.want {
+				if got[name] != want {
+					t.Errorf("ranks %v, want %v", got, tc.want)
+					break
+				}
+			}
+		})
+	}
+}
+
+// A gang whose minimum is its maximum is a fixed gang: a member that
+// vanishes is noticed and the gang placed again.
+func TestAnElasticGangOfEqualBoundsIsRepairedAsAFixedOne(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.elasticGang(3, 3, 3)
+	if g := f.reconcileOK("g"); g.Annotations[gangv1.AnnotationCommitted] == "" {
+		t.Fatalf("not placed: %+v", g.Status.Conditions)
+	}
+	f.runReleased("m-0", "m-1", "m-2")
+	f.deleteObject("pods", "m-2")
+	g := f.reconcileOK("g")
+	slices.Sort(f.evicted)
+	if !slices.Equal(f.evicted, []string{"m-0", "m-1"}) || g.Annotations[gangv1.AnnotationCommitted] != "" {
+		t.Fatalf("evicted %v, committed %q; want the rest evicted and the placement forgotten", f.evicted, g.Annotations[gangv1.AnnotationCommitted])
 	}
 }

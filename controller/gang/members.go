@@ -160,7 +160,8 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 	if v.elastic {
 		keep = g.Annotations[gangv1.AnnotationCommitted]
 	}
-	v.rank(g.Spec.Roles, keep)
+	_, most := gangv1.Bounds(&g.Spec)
+	v.rank(g.Spec.Roles, keep, int(most))
 	return v
 }
 
@@ -241,20 +242,20 @@ func (v *view) collectClaims(g *gangv1.Gang, m *member, getClaim claimGetter) st
 // With roles, each role is numbered so (its rank within the role), and the
 // gang's ranks follow the roles' order: the first role's members first, each
 // role starting after the sizes of the roles before it. When keep names a
-// placement (an elastic gang's committed one), its released members keep
-// the ranks they were released with and the others take the lowest ranks
-// left, in the order above: a member's rank is stable for its lifetime.
-func (v *view) rank(roles []gangv1.Role, keep string) {
+// placement (an elastic gang's committed one), ranks are stable instead: see
+// keepRanks. most is the gang's most members.
+func (v *view) rank(roles []gangv1.Role, keep string, most int) {
 	if len(roles) == 0 {
-		rankGroup(v.live)
-		keepRanks(v.live, keep, gangv1.AnnotationRank)
+		byIndex := rankGroup(v.live)
+		keepRanks(v.live, keep, gangv1.AnnotationRank, most, byIndex, v.succeededRanks(keep, "", gangv1.AnnotationRank))
 		sort.SliceStable(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
 		return
 	}
 	offset := map[string]int{}
+	size := map[string]int{}
 	next := 0
 	for _, r := range roles {
-		offset[r.Name] = next
+		offset[r.Name], size[r.Name] = next, int(r.Size)
 		next += int(r.Size)
 	}
 	byRole := map[string][]*member{}
@@ -262,8 +263,8 @@ func (v *view) rank(roles []gangv1.Role, keep string) {
 		byRole[m.role] = append(byRole[m.role], m)
 	}
 	for role, group := range byRole {
-		rankGroup(group)
-		keepRanks(group, keep, gangv1.AnnotationRoleRank)
+		byIndex := rankGroup(group)
+		keepRanks(group, keep, gangv1.AnnotationRoleRank, size[role], byIndex, v.succeededRanks(keep, role, gangv1.AnnotationRoleRank))
 		for _, m := range group {
 			m.roleRank = m.rank
 			m.rank += offset[role]
@@ -272,12 +273,79 @@ func (v *view) rank(roles []gangv1.Role, keep string) {
 	sort.SliceStable(v.live, func(i, j int) bool { return v.live[i].rank < v.live[j].rank })
 }
 
+// succeededRanks are the ranks (annotation key) of the pods of placement
+// keep, of role, that succeeded: their ranks stay theirs.
+func (v *view) succeededRanks(keep, role, key string) map[int]bool {
+	out := map[int]bool{}
+	if keep == "" {
+		return out
+	}
+	for _, p := range v.all {
+		if p.Annotations[gangv1.AnnotationPlacement] != keep || p.Status.Phase != v1.PodSucceeded || p.Annotations[gangv1.AnnotationRole] != role {
+			continue
+		}
+		if r, err := strconv.Atoi(p.Annotations[key]); err == nil {
+			out[r] = true
+		}
+	}
+	return out
+}
+
+// keepRanks makes ranks stable in an elastic gang's placement keep (nothing
+// when keep is ""): a member of it keeps its rank (key) for its lifetime,
+// from its pod's annotation once released, or from its claims' while a
+// crash left it gated with its claims written; the others take, in their
+// present order, their own completion index when it is free (a Job's
+// replacement pod, its predecessor's), else the lowest rank free. taken
+// are the ranks of members that succeeded. Ranks stay below bound.
+func keepRanks(group []*member, keep, key string, bound int, byIndex bool, taken map[int]bool) {
+	if keep == "" {
+		return
+	}
+	kept := map[*member]bool{}
+	for _, m := range group {
+		var raw string
+		switch {
+		case !m.gated() && m.pod.Annotations[gangv1.AnnotationPlacement] == keep:
+			raw = m.pod.Annotations[key]
+		case m.gated() && claimsOf(m, keep):
+			raw = m.claims[0].Annotations[key]
+		default:
+			continue
+		}
+		r, err := strconv.Atoi(raw)
+		if err != nil || r < 0 || r >= bound || taken[r] {
+			continue
+		}
+		m.rank, kept[m], taken[r] = r, true, true
+	}
+	var rest []*member
+	for _, m := range group {
+		if kept[m] {
+			continue
+		}
+		if byIndex && m.rank < bound && !taken[m.rank] {
+			kept[m], taken[m.rank] = true, true
+			continue
+		}
+		rest = append(rest, m)
+	}
+	next := 0
+	for _, m := range rest {
+		for taken[next] {
+			next++
+		}
+		m.rank, taken[next] = next, true
+	}
+}
+
 // rankGroup numbers members from 0: by their indexed Job completion index
-// when every one has a distinct one, else by pod name; and sorts them so.
-func rankGroup(group []*member) {
+// when every one has a distinct one (byIndex), else by pod name; and sorts
+// them so.
+func rankGroup(group []*member) (byIndex bool) {
 	sort.Slice(group, func(i, j int) bool { return group[i].pod.Name < group[j].pod.Name })
 	seen := map[int]bool{}
-	byIndex := true
+	byIndex = true
 	for _, m := range group {
 		idx, err := strconv.Atoi(m.pod.Labels[jobIndexLabel])
 		if err != nil || seen[idx] {
@@ -289,40 +357,10 @@ func rankGroup(group []*member) {
 	}
 	if byIndex {
 		sort.Slice(group, func(i, j int) bool { return group[i].rank < group[j].rank })
-		return
+		return true
 	}
 	for i, m := range group {
 		m.rank = i
 	}
-}
-
-// keepRanks gives the members released for placement keep (none when it is
-// "") the rank their pod's annotation key records, and the others, in their
-// present order, the lowest ranks no kept member holds.
-func keepRanks(group []*member, keep, key string) {
-	if keep == "" {
-		return
-	}
-	taken := map[int]bool{}
-	kept := map[*member]bool{}
-	for _, m := range group {
-		if m.gated() || m.pod.Annotations[gangv1.AnnotationPlacement] != keep {
-			continue
-		}
-		r, err := strconv.Atoi(m.pod.Annotations[key])
-		if err != nil || r < 0 || taken[r] {
-			continue
-		}
-		m.rank, kept[m], taken[r] = r, true, true
-	}
-	next := 0
-	for _, m := range group {
-		if kept[m] {
-			continue
-		}
-		for taken[next] {
-			next++
-		}
-		m.rank, taken[next] = next, true
-	}
+	return false
 }

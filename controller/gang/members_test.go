@@ -92,11 +92,11 @@ func TestAReleasedMemberUnschedulablePastTheGraceIsLost(t *testing.T) {
 	gated := pending("gated", time.Hour, v1.PodReasonUnschedulable)
 	gated.pod.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: gangv1.SchedulingGate}}
 
-	lost, recheck := r.stuck([]*member{bound, gated, pending("recent", 20*time.Second, v1.PodReasonUnschedulable), pending("other", time.Hour, "SchedulerError")}, now)
+	lost, _, recheck := r.stuck([]*member{bound, gated, pending("recent", 20*time.Second, v1.PodReasonUnschedulable), pending("other", time.Hour, "SchedulerError")}, now)
 	if len(lost) != 0 || recheck != 40*time.Second {
 		t.Errorf("lost %v, recheck in %v; want none lost yet, a look again in 40s", lost, recheck)
 	}
-	lost, _ = r.stuck([]*member{pending("old", 61*time.Second, v1.PodReasonUnschedulable)}, now)
+	lost, _, _ = r.stuck([]*member{pending("old", 61*time.Second, v1.PodReasonUnschedulable)}, now)
 	if len(lost) != 1 || !strings.Contains(lost[0], "member old cannot be scheduled on the node it was placed on: 0/5 nodes are available: 1 Insufficient cpu") {
 		t.Errorf("lost %v, want member old named with the scheduler's reason", lost)
 	}

@@ -274,7 +274,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		return result{requeueAfter: time.Second}, nil
 	}
 	id := uuid.NewString()[:8]
-	if g, err = r.recordPlacement(ctx, g, id, false, ws); err != nil {
+	if g, err = r.recordPlacement(ctx, g, id, "", ws); err != nil {
 		return result{}, err
 	}
 	written := make([]*resourceapi.ResourceClaim, len(ws))
@@ -412,19 +412,20 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		} else if len(lost) == 0 {
 			lost = append(lost, fmt.Sprintf("%d members of the placement live, %s (the others are gone: deleted, or their node left)", survivors, short))
 		}
-	} else if survivors < int(g.Spec.Size) && len(lost) == 0 {
-		lost = append(lost, fmt.Sprintf("%d of %d members of the placement are gone (deleted, or their node left)", int(g.Spec.Size)-survivors, g.Spec.Size))
+	} else if least, _ := gangv1.Bounds(&g.Spec); survivors < int(least) && len(lost) == 0 {
+		lost = append(lost, fmt.Sprintf("%d of %d members of the placement are gone (deleted, or their node left)", int(least)-survivors, least))
 	}
 	var recheck time.Duration
+	var who []*member
 	if len(lost) == 0 {
-		lost, recheck = r.stuck(in, time.Now())
+		lost, who, recheck = r.stuck(in, time.Now())
 	}
 	if len(lost) == 0 {
 		var again time.Duration
 		var retry []*member
 		var err error
 		now := time.Now()
-		if lost, retry, again, err = r.refused(ctx, in, now); err != nil {
+		if lost, who, retry, again, err = r.refused(ctx, in, now); err != nil {
 			return true, result{requeueAfter: time.Second}, err
 		}
 		recheck = sooner(recheck, again)
@@ -437,6 +438,19 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 				continue
 			}
 			klog.FromContext(ctx).Info("Asked the kubelet to prepare a late member again", "pod", klog.KObj(m.pod), "node", m.pod.Spec.NodeName)
+		}
+	}
+	if len(lost) > 0 && v.elastic {
+		// An elastic gang loses members stuck or refused alone while
+		// its minimums live without them.
+		rest := slices.DeleteFunc(slices.Clone(in), func(m *member) bool { return slices.Contains(who, m) })
+		if v.short(survivorsOf(rest, v.all, v.roleNames, id)) == "" {
+			if err := parallel(len(who), func(i int) error { return evict(ctx, r.client, who[i].pod) }); err != nil {
+				return true, result{requeueAfter: time.Second}, err
+			}
+			shrunk = strings.Join(lost, "; ") + "; evicted alone"
+			survivors -= len(in) - len(rest)
+			in, lost = rest, nil
 		}
 	}
 	if len(lost) == 0 {

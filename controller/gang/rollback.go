@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -20,12 +21,13 @@ import (
 // is read), from the claims of gated members, and when a gang is deleted.
 
 // recordPlacement writes on the gang, before any claim, which claims
-// placement id is about to write: whatever cuts the placement short (a
+// placement id (or, with attempt set, that growth of placement id) is about
+// to write: whatever cuts the placement short (a
 // crash, a failed write, a conflict), the next reconcile rolls back exactly
 // those, even if the gang's selector or spec has changed meanwhile. It
 // returns the gang as updated.
-func (r *reconciler) recordPlacement(ctx context.Context, g *gangv1.Gang, id string, growth bool, ws []claimWrite) (*gangv1.Gang, error) {
-	rec := gangv1.UncommittedPlacement{Placement: id, Growth: growth}
+func (r *reconciler) recordPlacement(ctx context.Context, g *gangv1.Gang, id, attempt string, ws []claimWrite) (*gangv1.Gang, error) {
+	rec := gangv1.UncommittedPlacement{Placement: id, Growth: attempt != "", Attempt: attempt}
 	for _, w := range ws {
 		rec.Claims = append(rec.Claims, w.claim.Name)
 	}
@@ -78,6 +80,20 @@ func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (free
 			}
 			if c.Status.Allocation == nil || c.Annotations[gangv1.AnnotationPlacement] != rec.Placement {
 				continue
+			}
+			if rec.Growth {
+				// A growth shares its placement's ID: only the claims
+				// this attempt wrote, of pods not released yet, are its
+				// own (a record naming a running member's claim is
+				// stale or forged).
+				if rec.Attempt == "" || c.Annotations[gangv1.AnnotationGrowth] != rec.Attempt {
+					continue
+				}
+				if released, err := r.ownerReleased(ctx, c); err != nil {
+					return freed, true, fmt.Errorf("roll back a growth of gang %s/%s: %w", g.Namespace, g.Name, err)
+				} else if released {
+					continue
+				}
 			}
 			if err := clearClaim(ctx, r.client, g.Namespace, name, rec.Placement); err != nil {
 				return freed, true, fmt.Errorf("roll back placement %s of gang %s/%s: %w", rec.Placement, g.Namespace, g.Name, err)
@@ -198,4 +214,23 @@ func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) erro
 	}
 	klog.FromContext(ctx).Info("Gang deleted; unreleased placement rolled back")
 	return nil
+}
+
+// ownerReleased reads the pod that owns claim c from the API server (not a
+// cache, which may still show it gated) and says whether it is released
+// (its gate gone); a claim without a pod owner, or whose pod is gone, is
+// not.
+func (r *reconciler) ownerReleased(ctx context.Context, c *resourceapi.ResourceClaim) (bool, error) {
+	owner := metav1.GetControllerOf(c)
+	if owner == nil || owner.Kind != "Pod" {
+		return false, nil
+	}
+	p, err := r.client.CoreV1().Pods(c.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return p.UID == owner.UID && !hasGate(p), nil
 }

@@ -26,7 +26,7 @@ import (
 // placement) for longer than the grace period; such a gang holds its devices
 // without running, so it is handled as one that lost a member. recheck is
 // when a member unschedulable for less than that is to be looked at again.
-func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck time.Duration) {
+func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, who []*member, recheck time.Duration) {
 	for _, m := range in {
 		if m.gated() || m.pod.Spec.NodeName != "" {
 			continue
@@ -38,12 +38,13 @@ func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck 
 			left := r.unschedulableGrace - now.Sub(c.LastTransitionTime.Time)
 			if left <= 0 {
 				lost = append(lost, fmt.Sprintf("member %s cannot be scheduled on the node it was placed on: %s", m.pod.Name, c.Message))
+				who = append(who, m)
 			} else if recheck == 0 || left < recheck {
 				recheck = left
 			}
 		}
 	}
-	return lost, recheck
+	return lost, who, recheck
 }
 
 // refused names the members bound to a node that have not started for
@@ -63,7 +64,7 @@ func (r *reconciler) stuck(in []*member, now time.Time) (lost []string, recheck 
 // only at its next resync (its sync frequency, 1m by default, plus up to
 // half that); the caller asks it sooner (nudge), at most once per
 // prepareRetryAfter per member.
-func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (lost []string, retry []*member, recheck time.Duration, _ error) {
+func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (lost []string, who, retry []*member, recheck time.Duration, _ error) {
 	retryAfter := min(prepareRetryAfter, r.unschedulableGrace)
 	var late []*member
 	for _, m := range in {
@@ -84,16 +85,16 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		late = append(late, m)
 	}
 	if len(late) == 0 {
-		return nil, nil, recheck, nil
+		return nil, nil, nil, recheck, nil
 	}
 	// Rare and worth a fresh read: what the API server holds now.
 	snap, err := simulate.List(ctx, r.client)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	nodeList, err := r.nodes.List(labels.Everything())
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	nodes := map[string]*v1.Node{}
 	for _, n := range nodeList {
@@ -112,13 +113,14 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		}
 		why, err := misfit(ctx, snap, nodes, claims)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, 0, err
 		}
 		bound := now.Sub(boundSince(m.pod))
 		switch {
 		case why != "" && bound >= r.unschedulableGrace:
 			lost = append(lost, fmt.Sprintf("member %s is bound to %s but has not started in %v: %s; the kubelet plugin refuses to prepare a device another claim holds",
 				m.pod.Name, m.pod.Spec.NodeName, bound.Round(time.Second), why))
+			who = append(who, m)
 		case why != "":
 			// Refused, and the other claim still holds the device: lost
 			// at the end of the grace unless it goes.
@@ -136,9 +138,9 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		}
 	}
 	if len(lost) != 0 {
-		return lost, nil, recheck, nil
+		return lost, who, nil, recheck, nil
 	}
-	return nil, retry, recheck, nil
+	return nil, nil, retry, recheck, nil
 }
 
 // prepareRetryAfter is how long a bound member without a sandbox waits

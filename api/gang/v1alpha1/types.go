@@ -120,9 +120,16 @@ type UncommittedPlacement struct {
 	Claims    []string `json:"claims"`
 	// Growth says the claims are new members' of the committed placement
 	// Placement (an elastic gang growing), not a placement of their own: a
-	// rollback clears only them, and the placement stays committed.
-	Growth bool `json:"growth,omitempty"`
+	// rollback clears only those of them that carry AnnotationGrowth of
+	// this Attempt and whose pod is still gated, and the placement stays
+	// committed.
+	Growth  bool   `json:"growth,omitempty"`
+	Attempt string `json:"attempt,omitempty"`
 }
+
+// AnnotationGrowth, on a claim a growth of an elastic gang wrote, names the
+// growth (UncommittedPlacement.Attempt).
+const AnnotationGrowth = Group + "/growth"
 
 // Finalizer keeps a gang until an uncommitted placement of it is rolled back.
 const Finalizer = Group + "/rollback"
