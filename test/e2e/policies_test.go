@@ -702,7 +702,7 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 // and pods in namespace, with the chart's tessera-gang-annotations policy
 // loaded: a claim or pod created with an annotation the controller writes
 // (a domain claim's nodes, a member's placement), a claim updated to add
-// one (a rank), a placed member's placement removed, or a rank added through
+// one (a rank, a growth's attempt), a placed member's placement removed, or a rank added through
 // a pod's status or binding, is refused naming the annotation; other
 // annotations are the tenant's to write; a cluster administrator is let
 // through.
@@ -760,6 +760,10 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 	ranked.Annotations[gangv1.AnnotationRank] = "0"
 	_, err = claims.Update(ctx, ranked, metav1.UpdateOptions{})
 	expectRefusal(t, combo+": a tenant gives its claim a rank", err, "annotations gang.tessera.dev/rank are written by tessera-controller only")
+	grown := own.DeepCopy()
+	grown.Annotations[gangv1.AnnotationGrowth] = "a1b2c3d4"
+	_, err = claims.Update(ctx, grown, metav1.UpdateOptions{})
+	expectRefusal(t, combo+": a tenant marks its claim as an elastic gang's growth", err, "annotations gang.tessera.dev/growth are written by tessera-controller only")
 	noted := own.DeepCopy()
 	noted.Annotations["example.com/team"] = "speech"
 	if _, err := claims.Update(ctx, noted, metav1.UpdateOptions{}); err != nil {
