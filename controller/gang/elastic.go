@@ -12,7 +12,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -98,26 +97,11 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 	if v.pending != "" {
 		return result{requeueAfter: 2 * time.Second}, nil // a new member's claims are still being made
 	}
-	snap, err := simulate.List(ctx, r.client)
+	snap, nodes, pods, err := r.cluster(ctx)
 	if err != nil {
 		return result{}, err
 	}
-	nodeList, err := r.nodes.List(labels.Everything())
-	if err != nil {
-		return result{}, err
-	}
-	nodes := map[string]*v1.Node{}
-	for _, n := range nodeList {
-		nodes[n.Name] = n
-	}
-	pods, err := r.pods.List(labels.Everything())
-	if err != nil {
-		return result{}, err
-	}
-	if r.allGangs != nil {
-		priority, _ := gangPriority(v)
-		v.held = heldDomains(r.allGangs(), g, priority)
-	}
+	r.holds(g, v)
 	cand, ok := r.placementDomain(snap, v, in, nodes)
 	if !ok {
 		logger.V(2).Info("Cannot tell the domain of the gang's placement; not growing it", "placement", id)

@@ -187,15 +187,7 @@ func sameMap(a, b map[string]string) bool {
 // only the new member's claims are cleared, the placement stays committed
 // and its running members untouched, and the next look grows again.
 func TestAnInterruptedGrowthIsRolledBackAloneAndRetried(t *testing.T) {
-	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
-	f := newFakeCluster(t, snap, nodes)
-	f.runningPod("blocker", "b2", 4, 0)
-	f.elasticGang(6, 2, 6)
-	id := f.reconcileOK("g").Annotations[gangv1.AnnotationCommitted]
-	f.runReleased("m-0", "m-1", "m-2", "m-3")
-	f.deleteObject("pods", "blocker")
-	f.deleteObject("resourceclaims", "blocker-gpu")
-
+	f, id := roomForGrowth(t)
 	f.r.interrupt = func(step string) bool { return step == StepClaimWritten }
 	if _, err := f.reconcile("ml", "g"); err == nil || !strings.Contains(err.Error(), errInterrupted.Error()) {
 		t.Fatalf("growth: %v, want it interrupted", err)
@@ -288,11 +280,10 @@ func TestAPreemptingGangTakesOnlyTheWorkersAboveAnElasticGangsMinimum(t *testing
 	}
 }
 
-// grownGang is an elastic gang of six one-GPU members (min 2) that started
-// with four on tray b1 beside a blocker, whose members run, and then grew
-// the other two onto tray b2 once the blocker went; it returns the
-// placement's ID.
-func grownGang(t *testing.T) (*fakeCluster, string) {
+// roomForGrowth is an elastic gang of six one-GPU members (min 2) that
+// started with four on tray b1 beside a blocker (they run), just after the
+// blocker went from tray b2; it returns the placement's ID.
+func roomForGrowth(t *testing.T) (*fakeCluster, string) {
 	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
 	f := newFakeCluster(t, snap, nodes)
 	f.runningPod("blocker", "b2", 4, 0)
@@ -301,6 +292,13 @@ func grownGang(t *testing.T) (*fakeCluster, string) {
 	f.runReleased("m-0", "m-1", "m-2", "m-3")
 	f.deleteObject("pods", "blocker")
 	f.deleteObject("resourceclaims", "blocker-gpu")
+	return f, id
+}
+
+// grownGang is roomForGrowth's gang once it grew the other two onto tray
+// b2 and they run.
+func grownGang(t *testing.T) (*fakeCluster, string) {
+	f, id := roomForGrowth(t)
 	f.reconcileOK("g")
 	f.runReleased("m-4", "m-5")
 	return f, id
@@ -361,14 +359,7 @@ func TestAStuckMemberOfAnElasticGangIsEvictedAlone(t *testing.T) {
 // claims were written with: the release writes the same rank on the pod,
 // and a later replacement takes a free rank, never one of theirs.
 func TestAGrowthCutBeforeTheReleaseKeepsItsRanks(t *testing.T) {
-	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
-	f := newFakeCluster(t, snap, nodes)
-	f.runningPod("blocker", "b2", 4, 0)
-	f.elasticGang(6, 2, 6)
-	f.reconcileOK("g")
-	f.runReleased("m-0", "m-1", "m-2", "m-3")
-	f.deleteObject("pods", "blocker")
-	f.deleteObject("resourceclaims", "blocker-gpu")
+	f, _ := roomForGrowth(t)
 	f.r.interrupt = func(step string) bool { return step == StepRelease }
 	if _, err := f.reconcile("ml", "g"); err == nil {
 		t.Fatal("growth not interrupted")

@@ -200,29 +200,14 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (result, error) {
 	logger := klog.FromContext(ctx)
 	began := time.Now()
-	snap, err := simulate.List(ctx, r.client)
-	if err != nil {
-		return result{}, err
-	}
-	nodeList, err := r.nodes.List(labels.Everything())
-	if err != nil {
-		return result{}, err
-	}
-	nodes := map[string]*v1.Node{}
-	for _, n := range nodeList {
-		nodes[n.Name] = n
-	}
-	pods, err := r.pods.List(labels.Everything())
+	snap, nodes, pods, err := r.cluster(ctx)
 	if err != nil {
 		return result{}, err
 	}
 	if r.imex && v.domainClaim != nil {
 		v.imexBusy = imexUnusable(snap.Claims, r.driver, v.domainClaim.UID, nodes)
 	}
-	if r.allGangs != nil {
-		priority, _ := gangPriority(v)
-		v.held = heldDomains(r.allGangs(), g, priority)
-	}
+	r.holds(g, v)
 	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {
 		return result{}, err
@@ -593,4 +578,36 @@ func nodeNameOf(sel *v1.NodeSelector) string {
 		}
 	}
 	return ""
+}
+
+// cluster is what a fit works on: the claims, slices and classes as the API
+// server has them now, and the nodes and pods of the informers' caches by
+// name.
+func (r *reconciler) cluster(ctx context.Context) (*simulate.Snapshot, map[string]*v1.Node, []*v1.Pod, error) {
+	snap, err := simulate.List(ctx, r.client)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	nodeList, err := r.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	nodes := map[string]*v1.Node{}
+	for _, n := range nodeList {
+		nodes[n.Name] = n
+	}
+	pods, err := r.pods.List(labels.Everything())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return snap, nodes, pods, nil
+}
+
+// holds fills v.held: the domains gangs of higher priority (or of equal
+// priority, reserved earlier) hold, which this gang keeps out of.
+func (r *reconciler) holds(g *gangv1.Gang, v *view) {
+	if r.allGangs != nil {
+		priority, _ := gangPriority(v)
+		v.held = heldDomains(r.allGangs(), g, priority)
+	}
 }

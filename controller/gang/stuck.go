@@ -9,12 +9,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
-	"github.com/tessera-dev/tessera/driver/simulate"
 )
 
 // This file finds released members that will never run where they were
@@ -88,17 +86,9 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 		return nil, nil, nil, recheck, nil
 	}
 	// Rare and worth a fresh read: what the API server holds now.
-	snap, err := simulate.List(ctx, r.client)
+	snap, nodes, _, err := r.cluster(ctx)
 	if err != nil {
 		return nil, nil, nil, 0, err
-	}
-	nodeList, err := r.nodes.List(labels.Everything())
-	if err != nil {
-		return nil, nil, nil, 0, err
-	}
-	nodes := map[string]*v1.Node{}
-	for _, n := range nodeList {
-		nodes[n.Name] = n
 	}
 	current := map[string]*resourceapi.ResourceClaim{}
 	for _, c := range snap.Claims {

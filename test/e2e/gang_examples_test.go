@@ -183,12 +183,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	}
 	got := map[string]string{} // rank -> role/role rank/role size
 	for _, p := range pods {
-		var env map[string]string
-		for _, rc := range c.Node(p.Spec.NodeName).Containers() {
-			if rc.PodUID == string(p.UID) && rc.Name == "worker" {
-				env = rc.EnvMap()
-			}
-		}
+		env := c.workerEnv(&p)
 		role := p.Labels[batchv1.JobNameLabel]
 		got[env[gangv1.EnvGangRank]] = fmt.Sprintf("%s/%s/%s", env[gangv1.EnvRole], env[gangv1.EnvRoleRank], env[gangv1.EnvRoleSize])
 		if !slices.Contains([]string{"tray-1", "tray-2"}, p.Spec.NodeName) || (role == "lw-launcher") != (env[gangv1.EnvRole] == "launcher") {
@@ -233,12 +228,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	c.deleteJob(ctx, t, metav1.NamespaceDefault, "spread-train")
 	pods = c.waitAllRunning(ctx, t, metav1.NamespaceDefault, batchv1.JobNameLabel+"=elastic-train", 4, 3*time.Minute)
 	for _, p := range pods {
-		var env map[string]string
-		for _, rc := range c.Node(p.Spec.NodeName).Containers() {
-			if rc.PodUID == string(p.UID) && rc.Name == "worker" {
-				env = rc.EnvMap()
-			}
-		}
+		env := c.workerEnv(&p)
 		index := p.Labels[batchv1.JobCompletionIndexAnnotation]
 		if env[gangv1.EnvGangRank] != index || env[gangv1.EnvGangSize] != "4" || p.Annotations[gangv1.AnnotationPlacement] != placement || !slices.Contains([]string{"tray-1", "tray-2"}, p.Spec.NodeName) {
 			t.Errorf("elastic worker %s on %s: %s=%q %s=%q, placement %q (first %q); want its index, 4 and one placement on the trays", index, p.Spec.NodeName,
@@ -293,4 +283,15 @@ func prefixed(dir string, names []string) []string {
 		out[i] = filepath.Join(dir, n)
 	}
 	return out
+}
+
+// workerEnv is the environment of the example pod's container "worker" as
+// its node's runtime recorded it; nil when none was.
+func (c *tesseraCluster) workerEnv(p *corev1.Pod) map[string]string {
+	for _, rc := range c.Node(p.Spec.NodeName).Containers() {
+		if rc.PodUID == string(p.UID) && rc.Name == "worker" {
+			return rc.EnvMap()
+		}
+	}
+	return nil
 }
