@@ -129,7 +129,7 @@ func TestAnElasticGangStartsAtItsMinimumGrowsAndGoesOnWithoutALostMember(t *test
 	// once the failed member's claim is freed.
 	f.deleteObject("resourceclaims", "m-1-gpu")
 	f.member("m-9", map[string]string{"gang": "g"}, 1)
-	g = f.reconcileOK("g")
+	f.reconcileOK("g")
 	if got := f.released("m-9"); got["m-9"] != "1" {
 		t.Fatalf("replacement released %v, want rank 1 (the failed member's)", got)
 	}
