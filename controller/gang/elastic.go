@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -135,18 +134,9 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 	if err != nil {
 		return result{}, err
 	}
-	written := make([]*resourceapi.ResourceClaim, len(ws))
-	var interrupted bool
-	err = parallel(len(ws), func(i int) error {
-		c, err := writeClaim(ctx, r.client, recorded, id, ws[i])
-		written[i] = c
-		if err == nil && r.interrupt != nil && r.interrupt(StepClaimWritten) {
-			interrupted = true
-		}
-		return err
-	})
-	if interrupted {
-		return result{}, errInterrupted
+	written, err := r.writeClaims(ctx, recorded, id, ws)
+	if errors.Is(err, errInterrupted) {
+		return result{}, err
 	}
 	conflict := ""
 	if err == nil {

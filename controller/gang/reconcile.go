@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -262,18 +263,9 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if g, err = r.recordPlacement(ctx, g, id, "", ws); err != nil {
 		return result{}, err
 	}
-	written := make([]*resourceapi.ResourceClaim, len(ws))
-	var interrupted bool
-	err = parallel(len(ws), func(i int) error {
-		c, err := writeClaim(ctx, r.client, g, id, ws[i])
-		written[i] = c
-		if err == nil && r.interrupt != nil && r.interrupt(StepClaimWritten) {
-			interrupted = true
-		}
-		return err
-	})
-	if interrupted {
-		return result{}, errInterrupted
+	written, err := r.writeClaims(ctx, g, id, ws)
+	if errors.Is(err, errInterrupted) {
+		return result{}, err
 	}
 	if err == nil && r.interrupt != nil && r.interrupt(StepCommit) {
 		return result{}, errInterrupted
@@ -610,4 +602,24 @@ func (r *reconciler) holds(g *gangv1.Gang, v *view) {
 		priority, _ := gangPriority(v)
 		v.held = heldDomains(r.allGangs(), g, priority)
 	}
+}
+
+// writeClaims writes the claims of ws for placement id of gang g in
+// parallel and returns them as written (nil where a write failed); an
+// Interrupt at StepClaimWritten makes it return errInterrupted.
+func (r *reconciler) writeClaims(ctx context.Context, g *gangv1.Gang, id string, ws []claimWrite) ([]*resourceapi.ResourceClaim, error) {
+	written := make([]*resourceapi.ResourceClaim, len(ws))
+	var interrupted atomic.Bool
+	err := parallel(len(ws), func(i int) error {
+		c, err := writeClaim(ctx, r.client, g, id, ws[i])
+		written[i] = c
+		if err == nil && r.interrupt != nil && r.interrupt(StepClaimWritten) {
+			interrupted.Store(true)
+		}
+		return err
+	})
+	if interrupted.Load() {
+		return written, errInterrupted
+	}
+	return written, err
 }
