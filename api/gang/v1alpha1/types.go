@@ -166,6 +166,9 @@ const (
 // a claim is reserved for at most 256 pods (resource.k8s.io/v1).
 const MaxSizeWithDomainClaim = 256
 
+// MaxRoles is the most roles a gang has (the CRD's spec.roles maxItems).
+const MaxRoles = 16
+
 // Gang is a group of pods placed together, all or nothing, in one domain.
 type Gang struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -202,6 +205,13 @@ type GangSpec struct {
 	// (scheduling.k8s.io; the pods' spec.schedulingGroup.podGroupName). The
 	// controller writes such gangs itself, one per PodGroup it places.
 	PodGroupName string `json:"podGroupName,omitempty"`
+	// CompositePodGroupName says the gang is this CompositePodGroup
+	// (scheduling.k8s.io/v1alpha3): its members are the pods of its child
+	// PodGroups, each child one role (spec.roles[].podGroupName). The
+	// controller writes such gangs itself, one per CompositePodGroup with
+	// a gang policy it places. Exactly one of Selector, PodGroupName and
+	// CompositePodGroupName is set.
+	CompositePodGroupName string `json:"compositePodGroupName,omitempty"`
 	// DomainClaimName names the ResourceClaim (class domain.gpu.tessera.dev)
 	// every member shares; the controller allocates it to a domain device,
 	// which confines the gang to that domain and gives each container the
@@ -280,7 +290,12 @@ type Role struct {
 	MinSize int32 `json:"minSize,omitempty"`
 	// Selector picks the role's members among the gang's (e.g. the
 	// job-name of the role's Job). Every member matches exactly one role.
+	// Empty in a CompositePodGroup's gang, whose roles are PodGroups.
 	Selector metav1.LabelSelector `json:"selector"`
+	// PodGroupName makes the role's members the pods of this PodGroup, a
+	// child of the gang's CompositePodGroup (spec.compositePodGroupName);
+	// set instead of Selector there, and only there.
+	PodGroupName string `json:"podGroupName,omitempty"`
 }
 
 // GangStatus is what the controller last observed and did.

@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,12 +17,29 @@ type Members struct {
 	selector labels.Selector
 	podGroup string
 	roles    []labels.Selector
+	// rolePodGroups are the PodGroups of a CompositePodGroup's gang, one
+	// per role in spec.roles order.
+	rolePodGroups []string
+}
+
+// podGroupOf is the PodGroup pod p joins (spec.schedulingGroup), or "".
+func podGroupOf(p *corev1.Pod) string {
+	if p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil {
+		return ""
+	}
+	return *p.Spec.SchedulingGroup.PodGroupName
 }
 
 // RoleOf is the index (in spec.roles) of the role member p belongs to: -1 in
 // a gang without roles, an error naming the pod when it matches no role or
 // more than one.
 func (m Members) RoleOf(p *corev1.Pod, roles []Role) (int, error) {
+	if len(m.rolePodGroups) > 0 {
+		if i := slices.Index(m.rolePodGroups, podGroupOf(p)); i >= 0 {
+			return i, nil
+		}
+		return -1, fmt.Errorf("member %s/%s joins no role's PodGroup: set its spec.schedulingGroup.podGroupName to one of %s", p.Namespace, p.Name, strings.Join(m.rolePodGroups, ", "))
+	}
 	if len(m.roles) == 0 {
 		return -1, nil
 	}
@@ -94,6 +113,10 @@ func validateRoles(g *Gang) ([]labels.Selector, error) {
 	if g.Spec.PodGroupName != "" {
 		return nil, fmt.Errorf("spec.roles with spec.podGroupName: a PodGroup's gang has no roles; pick the members with spec.selector instead")
 	}
+	if len(g.Spec.Roles) > MaxRoles {
+		return nil, fmt.Errorf("spec.roles has %d roles: a gang has at most %d; merge roles whose members need the same devices", len(g.Spec.Roles), MaxRoles)
+	}
+	composite := g.Spec.CompositePodGroupName != ""
 	var sels []labels.Selector
 	seen := map[string]bool{}
 	var sum int32
@@ -116,7 +139,17 @@ func validateRoles(g *Gang) ([]labels.Selector, error) {
 		if err != nil {
 			return nil, fmt.Errorf("spec.roles[%d] (%s).selector: %w", i, r.Name, err)
 		}
-		if sel.Empty() {
+		switch {
+		case composite && (r.PodGroupName == "" || !sel.Empty()):
+			return nil, fmt.Errorf("spec.roles[%d] (%s): a CompositePodGroup's role is one child PodGroup; set podGroupName and no selector", i, r.Name)
+		case composite && seen["podgroup/"+r.PodGroupName]:
+			return nil, fmt.Errorf("spec.roles[%d] (%s).podGroupName %q: another role has that PodGroup; give each role its own", i, r.Name, r.PodGroupName)
+		case composite:
+			seen["podgroup/"+r.PodGroupName] = true
+			continue
+		case r.PodGroupName != "":
+			return nil, fmt.Errorf("spec.roles[%d] (%s).podGroupName is for the gang of a CompositePodGroup (spec.compositePodGroupName): pick the role's members with selector", i, r.Name)
+		case sel.Empty():
 			return nil, fmt.Errorf("spec.roles[%d] (%s).selector is empty and would pick every member: select the role's pods by a label (e.g. the job-name of the role's Job)", i, r.Name)
 		}
 		sels = append(sels, sel)
@@ -132,8 +165,11 @@ func validateRoles(g *Gang) ([]labels.Selector, error) {
 
 // Matches says whether the pod (of the gang's namespace) is a member.
 func (m Members) Matches(p *corev1.Pod) bool {
+	if len(m.rolePodGroups) > 0 {
+		return slices.Contains(m.rolePodGroups, podGroupOf(p))
+	}
 	if m.podGroup != "" {
-		return p.Spec.SchedulingGroup != nil && p.Spec.SchedulingGroup.PodGroupName != nil && *p.Spec.SchedulingGroup.PodGroupName == m.podGroup
+		return podGroupOf(p) == m.podGroup
 	}
 	return m.selector != nil && m.selector.Matches(labels.Set(p.Labels))
 }
@@ -156,6 +192,16 @@ func Validate(g *Gang) (Members, error) {
 		return Members{}, fmt.Errorf("gang %s/%s: spec.selector: %w", g.Namespace, g.Name, err)
 	}
 	switch {
+	case g.Spec.CompositePodGroupName != "" && (g.Spec.PodGroupName != "" || !sel.Empty()):
+		return Members{}, fmt.Errorf("gang %s/%s: spec.compositePodGroupName with spec.selector or spec.podGroupName; keep compositePodGroupName alone (its roles name the child PodGroups)", g.Namespace, g.Name)
+	case g.Spec.CompositePodGroupName != "" && len(g.Spec.Roles) == 0:
+		return Members{}, fmt.Errorf("gang %s/%s: spec.compositePodGroupName without spec.roles: give each child PodGroup a role (spec.roles[].podGroupName)", g.Namespace, g.Name)
+	case g.Spec.CompositePodGroupName != "":
+		m := Members{}
+		for _, r := range g.Spec.Roles {
+			m.rolePodGroups = append(m.rolePodGroups, r.PodGroupName)
+		}
+		return m, nil
 	case g.Spec.PodGroupName != "" && !sel.Empty():
 		return Members{}, fmt.Errorf("gang %s/%s: spec.selector and spec.podGroupName are both set; keep one (podGroupName: the pods of that PodGroup)", g.Namespace, g.Name)
 	case g.Spec.PodGroupName != "":

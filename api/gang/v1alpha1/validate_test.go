@@ -73,6 +73,13 @@ func TestValidateNamesTheFieldAndTheFixOfPoliciesAndRoles(t *testing.T) {
 		{"role name not a label", gangWith(1, nil, role("Workers", 1)), `spec.roles[0].name "Workers"`},
 		{"role selecting everything", gangWith(1, nil, Role{Name: "w", Size: 1}), "spec.roles[0] (w).selector is empty"},
 		{"roles of a PodGroup", &Gang{Spec: GangSpec{Size: 1, PodGroupName: "pg", Roles: []Role{role("w", 1)}}}, "spec.roles with spec.podGroupName"},
+		{"composite", composite(pgRole("prefill", 2), pgRole("decode", 4)), ""},
+		{"composite without roles", func() *Gang { g := composite(); g.Spec.Size = 1; return g }(), "spec.compositePodGroupName without spec.roles"},
+		{"composite with a selector", func() *Gang { g := composite(pgRole("a", 1)); g.Spec.Selector = role("a", 1).Selector; return g }(), "keep compositePodGroupName alone"},
+		{"composite role with a selector", composite(Role{Name: "a", Size: 1, PodGroupName: "a", Selector: role("a", 1).Selector}), "spec.roles[0] (a): a CompositePodGroup's role is one child PodGroup; set podGroupName and no selector"},
+		{"composite role without a PodGroup", composite(Role{Name: "a", Size: 1}), "set podGroupName and no selector"},
+		{"composite roles sharing a PodGroup", composite(pgRole("a", 1), Role{Name: "b", Size: 1, PodGroupName: "a"}), `spec.roles[1] (b).podGroupName "a": another role has that PodGroup`},
+		{"a PodGroup role outside a composite", gangWith(1, nil, Role{Name: "a", Size: 1, PodGroupName: "a", Selector: role("a", 1).Selector}), "spec.roles[0] (a).podGroupName is for the gang of a CompositePodGroup"},
 		{"elastic", elastic(gangWith(0, nil), 2, 4), ""},
 		{"elastic with a size", elastic(gangWith(4, nil), 2, 4), "spec.size 4 with spec.minSize and spec.maxSize"},
 		{"elastic without a maximum", elastic(gangWith(0, nil), 2, 0), "spec.minSize 2 and spec.maxSize 0: want 1 <= minSize <= maxSize"},
@@ -92,6 +99,55 @@ func TestValidateNamesTheFieldAndTheFixOfPoliciesAndRoles(t *testing.T) {
 				t.Errorf("error %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// composite is the gang of CompositePodGroup "serve" with the given roles.
+func composite(roles ...Role) *Gang {
+	g := &Gang{ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "ml"}, Spec: GangSpec{CompositePodGroupName: "serve", Roles: roles}}
+	for _, r := range roles {
+		g.Spec.Size += r.Size
+	}
+	return g
+}
+
+// pgRole is a role made of the PodGroup of its name.
+func pgRole(name string, size int32) Role {
+	return Role{Name: name, Size: size, PodGroupName: name}
+}
+
+// A CompositePodGroup's gang takes the pods of its children's PodGroups, each
+// into the role of its PodGroup, whatever their labels; pods of other
+// PodGroups, or of none, are not members.
+func TestACompositeGangsMembersAreThePodsOfItsChildPodGroups(t *testing.T) {
+	g := composite(pgRole("prefill", 1), pgRole("decode", 2))
+	m, err := Validate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(group string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p-" + group, Namespace: "ml", Labels: map[string]string{"role": "prefill"}}}
+		if group != "" {
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: &group}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		group  string
+		member bool
+		role   int
+	}{{"prefill", true, 0}, {"decode", true, 1}, {"other", false, -1}, {"", false, -1}} {
+		p := pod(tc.group)
+		if got := m.Matches(p); got != tc.member {
+			t.Errorf("pod of PodGroup %q: member %v, want %v", tc.group, got, tc.member)
+		}
+		i, err := m.RoleOf(p, g.Spec.Roles)
+		if i != tc.role || (err == nil) != tc.member {
+			t.Errorf("pod of PodGroup %q: role %d, %v; want %d", tc.group, i, err, tc.role)
+		}
+		if err != nil && !strings.Contains(err.Error(), "set its spec.schedulingGroup.podGroupName to one of prefill, decode") {
+			t.Errorf("pod of PodGroup %q: %v does not say which PodGroups the roles are", tc.group, err)
+		}
 	}
 }
 
