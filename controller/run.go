@@ -194,7 +194,14 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	case err != nil:
 		return err
 	case served:
-		if err := podgroups.Start(ctx, dyn, factory); err != nil {
+		composites, err := podgroups.CompositeServed(client.Discovery())
+		if err != nil {
+			return err
+		}
+		if !composites {
+			klog.FromContext(ctx).Info("The API server does not serve CompositePodGroups; their child PodGroups are placed alone", "api", podgroups.CompositeGroupVersion)
+		}
+		if err := podgroups.Start(ctx, dyn, factory, composites); err != nil {
 			return err
 		}
 	default:

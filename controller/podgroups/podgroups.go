@@ -26,9 +26,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	alpha3listers "k8s.io/client-go/listers/scheduling/v1alpha3"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -44,15 +44,20 @@ var GroupVersion = schedulingv1beta1.SchemeGroupVersion
 // Served says whether the API server serves PodGroups (GenericWorkload on,
 // --runtime-config=scheduling.k8s.io/v1beta1=true).
 func Served(d discovery.DiscoveryInterface) (bool, error) {
-	list, err := d.ServerResourcesForGroupVersion(GroupVersion.String())
+	return served(d, GroupVersion.String(), "podgroups")
+}
+
+// served says whether the API server serves resource in groupVersion.
+func served(d discovery.DiscoveryInterface, groupVersion, resource string) (bool, error) {
+	list, err := d.ServerResourcesForGroupVersion(groupVersion)
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("discover %s: %w", GroupVersion, err)
+		return false, fmt.Errorf("discover %s: %w", groupVersion, err)
 	}
 	for _, r := range list.APIResources {
-		if r.Name == "podgroups" {
+		if r.Name == resource {
 			return true, nil
 		}
 	}
@@ -60,62 +65,91 @@ func Served(d discovery.DiscoveryInterface) (bool, error) {
 }
 
 // Start watches PodGroups through factory (started by the caller after
-// Start) and keeps their Gangs until ctx ends.
-func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedInformerFactory) error {
-	a := &adopter{
-		gangs: gang.NewClient(dyn),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "podgroups"}),
-	}
+// Start) and keeps their Gangs until ctx ends; with composites (the API
+// server serves CompositePodGroups: CompositeServed), it keeps the Gangs
+// of CompositePodGroups too.
+func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedInformerFactory, composites bool) error {
 	groups := factory.Scheduling().V1beta1().PodGroups()
 	claims := factory.Resource().V1().ResourceClaims()
-	a.groups, a.claims = groups.Lister(), claims.Lister()
-	var synced []cache.InformerSynced
-	for _, h := range []struct {
-		inf cache.SharedIndexInformer
-		fn  func(any)
-	}{
+	a := &adopter{gangs: gang.NewClient(dyn), groups: groups.Lister(), claims: claims.Lister()}
+	a.loop = newLoop("podgroups", "PodGroup", GroupVersion.String(), a.sync)
+	loops := []*loop{a.loop}
+	handlers := []handler{
 		{groups.Informer(), a.enqueue},
 		// A group's template claim appears after the PodGroup names it.
 		{claims.Informer(), a.enqueueOwner},
-	} {
+	}
+	if composites {
+		cpgs := factory.Scheduling().V1alpha3().CompositePodGroups()
+		if err := groups.Informer().AddIndexers(cache.Indexers{byParent: podGroupParent}); err != nil {
+			return fmt.Errorf("index PodGroups by parent: %w", err)
+		}
+		if err := cpgs.Informer().AddIndexers(cache.Indexers{byParent: compositeParent}); err != nil {
+			return fmt.Errorf("index CompositePodGroups by parent: %w", err)
+		}
+		a.composites = cpgs.Lister()
+		c := &composer{gangs: a.gangs, composites: cpgs.Lister(), compositeIndex: cpgs.Informer().GetIndexer(),
+			groups: groups.Lister(), groupIndex: groups.Informer().GetIndexer(), claims: claims.Lister()}
+		c.loop = newLoop("compositepodgroups", "CompositePodGroup", CompositeGroupVersion.String(), c.sync)
+		loops = append(loops, c.loop)
+		handlers = append(handlers,
+			handler{cpgs.Informer(), c.enqueue},
+			// A PodGroup that waits for its parent looks again once
+			// the parent exists.
+			handler{cpgs.Informer(), a.enqueueChildren(groups.Informer().GetIndexer())},
+			handler{groups.Informer(), c.enqueueParent},
+			handler{claims.Informer(), c.enqueueClaim},
+		)
+	}
+	var synced []cache.InformerSynced
+	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    h.fn,
 			UpdateFunc: func(_, o any) { h.fn(o) },
+			DeleteFunc: func(o any) {
+				if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+					o = d.Obj
+				}
+				h.fn(o)
+			},
 		})
 		if err != nil {
 			return fmt.Errorf("watch PodGroups: %w", err)
 		}
 		synced = append(synced, reg.HasSynced)
 	}
-	go func() {
-		defer a.queue.ShutDown()
-		<-ctx.Done()
-	}()
-	go func() {
-		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-			return
-		}
-		klog.FromContext(ctx).Info("PodGroups with a gang policy and a domain claim are placed as gangs", "api", GroupVersion)
-		for a.work(ctx) {
-		}
-	}()
+	for _, l := range loops {
+		go func() {
+			defer l.queue.ShutDown()
+			<-ctx.Done()
+		}()
+		go func() {
+			if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+				return
+			}
+			klog.FromContext(ctx).Info(l.kind+"s with a gang policy and a domain claim are placed as gangs", "api", l.api)
+			for l.work(ctx) {
+			}
+		}()
+	}
 	return nil
+}
+
+// handler is what one informer's events call.
+type handler struct {
+	inf cache.SharedIndexInformer
+	fn  func(any)
 }
 
 // adopter keeps one Gang per PodGroup it places.
 type adopter struct {
+	*loop
 	gangs  gang.Client
 	groups schedulinglisters.PodGroupLister
 	claims resourcelisters.ResourceClaimLister
-	queue  workqueue.TypedRateLimitingInterface[string]
-}
-
-func (a *adopter) enqueue(obj any) {
-	if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-		a.queue.Add(key)
-	}
+	// composites, when the API server serves them, tell whether a
+	// PodGroup with a parent is a role of its parent's gang.
+	composites alpha3listers.CompositePodGroupLister
 }
 
 func (a *adopter) enqueueOwner(obj any) {
@@ -126,25 +160,6 @@ func (a *adopter) enqueueOwner(obj any) {
 	if o := metav1.GetControllerOf(c); o != nil && o.Kind == "PodGroup" {
 		a.queue.Add(c.Namespace + "/" + o.Name)
 	}
-}
-
-func (a *adopter) work(ctx context.Context) bool {
-	key, quit := a.queue.Get()
-	if quit {
-		return false
-	}
-	defer a.queue.Done(key)
-	again, err := a.sync(ctx, key)
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Keeping the gang of a PodGroup failed; retrying", "podGroup", key)
-		a.queue.AddRateLimited(key)
-		return true
-	}
-	a.queue.Forget(key)
-	if again > 0 {
-		a.queue.AddAfter(key, again)
-	}
-	return true
 }
 
 // replacedOwnerWait is how often a PodGroup whose name a Gang of an earlier
@@ -165,94 +180,142 @@ func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ 
 	if err != nil {
 		return 0, err
 	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "podGroup", klog.KObj(pg))
+	if role, why := a.roleOfParent(pg); role {
+		logger.V(2).Info("PodGroup not placed alone", "reason", why)
+		return 0, nil
+	}
 	want, why := Desired(pg, func(ns, name string) (*resourceapi.ResourceClaim, error) {
 		return a.claims.ResourceClaims(ns).Get(name)
 	})
-	logger := klog.LoggerWithValues(klog.FromContext(ctx), "podGroup", klog.KObj(pg))
 	if want == nil {
 		if why != "" {
 			logger.V(2).Info("PodGroup not placed as a gang yet", "reason", why)
 		}
 		return 0, nil
 	}
-	have, err := a.gangs.Get(ctx, ns, name)
+	return keep(ctx, a.gangs, logger, pg, want)
+}
+
+// keep makes the Gang want (of owner's name, owned by it) exist as want
+// says; again, when set, is when to look again.
+func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner metav1.Object, want *gangv1.Gang) (again time.Duration, _ error) {
+	kind := want.OwnerReferences[0].Kind
+	have, err := gangs.Get(ctx, want.Namespace, want.Name)
 	switch {
 	case apierrors.IsNotFound(err):
-		if _, err := a.gangs.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			return 0, fmt.Errorf("create gang for PodGroup %s: %w", key, err)
+		if _, err := gangs.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			return 0, fmt.Errorf("create gang for %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 		}
-		logger.Info("Placing the PodGroup as a gang", "size", want.Spec.Size, "domainClaim", want.Spec.DomainClaimName)
+		logger.Info("Placing the "+kind+" as a gang", "size", want.Spec.Size, "roles", len(want.Spec.Roles), "domainClaim", want.Spec.DomainClaimName)
 		return 0, nil
 	case err != nil:
 		return 0, err
-	case !metav1.IsControlledBy(have, pg):
-		if o := metav1.GetControllerOf(have); o != nil && o.Kind == "PodGroup" && o.Name == pg.Name {
-			logger.V(2).Info("The Gang of an earlier PodGroup of this name is still there; waiting for the garbage collector")
+	case !metav1.IsControlledBy(have, owner):
+		if o := metav1.GetControllerOf(have); o != nil && o.Kind == kind && o.Name == owner.GetName() {
+			logger.V(2).Info("The Gang of an earlier " + kind + " of this name is still there; waiting for the garbage collector")
 			return replacedOwnerWait, nil
 		}
-		logger.Error(errors.New("name taken"), "A Gang of the PodGroup's name exists that the PodGroup does not own; rename one of them to have the PodGroup placed")
+		logger.Error(errors.New("name taken"), "A Gang of the "+kind+"'s name exists that the "+kind+" does not own; rename one of them to have the "+kind+" placed")
 		return 0, nil
 	case apiequality.Semantic.DeepEqual(have.Spec, want.Spec):
 		return 0, nil
 	}
-	// minCount may change (scaling); the gang follows.
+	// minCount may change (scaling), and a CompositePodGroup gain
+	// children; the gang follows.
 	have.Spec = want.Spec
-	if _, err := a.gangs.Update(ctx, have); err != nil {
-		return 0, fmt.Errorf("update gang of PodGroup %s: %w", key, err)
+	if _, err := gangs.Update(ctx, have); err != nil {
+		return 0, fmt.Errorf("update gang of %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 	}
 	return 0, nil
 }
 
 // Desired is the Gang the PodGroup declares, or nil with why not (empty when
-// the PodGroup is simply not Tessera's to place).
-func Desired(pg *schedulingv1beta1.PodGroup, getClaim func(namespace, name string) (*resourceapi.ResourceClaim, error)) (*gangv1.Gang, string) {
+// the PodGroup is simply not Tessera's to place). A PodGroup that is a child
+// of a CompositePodGroup is placed as one role of its parent's gang
+// (DesiredComposite) when the parent has a gang policy: sync does not ask
+// Desired of it then.
+func Desired(pg *schedulingv1beta1.PodGroup, getClaim claimGetter) (*gangv1.Gang, string) {
 	if pg.DeletionTimestamp != nil || pg.Spec.SchedulingPolicy.Gang == nil {
 		return nil, ""
 	}
-	var domain string
+	domain, why := domainClaimOf(pg, getClaim)
+	if why != "" {
+		return nil, why
+	}
+	if domain == "" && pg.Annotations[gangv1.AnnotationManaged] != "true" {
+		return nil, ""
+	}
+	least, most, why := sizeOf(pg)
+	if why != "" {
+		return nil, why
+	}
+	spec := gangv1.GangSpec{Size: least, PodGroupName: pg.Name, DomainClaimName: domain}
+	if most != least || pg.Annotations[gangv1.AnnotationMaxSize] != "" {
+		spec.MinSize, spec.MaxSize, spec.Size = least, most, 0
+	}
+	return ownedGang(pg, "PodGroup", GroupVersion.String(), spec), ""
+}
+
+// claimGetter looks a claim up by namespace and name.
+type claimGetter func(namespace, name string) (*resourceapi.ResourceClaim, error)
+
+// domainClaimOf is the name of the PodGroup's one claim of class
+// domain.gpu.tessera.dev ("" when it has none), or why it cannot be told.
+func domainClaimOf(pg *schedulingv1beta1.PodGroup, getClaim claimGetter) (domain, why string) {
 	for i := range pg.Spec.ResourceClaims {
 		rc := &pg.Spec.ResourceClaims[i]
 		name, _, err := resourceclaim.NameFromPodGroup(pg, rc)
 		if err != nil {
-			return nil, fmt.Sprintf("group claim %s: %v (the resourceclaim controller creates it from its template)", rc.Name, err)
+			return "", fmt.Sprintf("group claim %s: %v (the resourceclaim controller creates it from its template)", rc.Name, err)
 		}
 		if name == nil {
 			continue
 		}
 		c, err := getClaim(pg.Namespace, *name)
 		if err != nil {
-			return nil, fmt.Sprintf("group claim %s (%s): %v", rc.Name, *name, err)
+			return "", fmt.Sprintf("group claim %s (%s): %v", rc.Name, *name, err)
 		}
 		if !isDomainClaim(c) {
 			continue
 		}
 		if domain != "" {
-			return nil, fmt.Sprintf("group claims %s and %s are both domain claims; a gang shares one", domain, *name)
+			return "", fmt.Sprintf("group claims %s and %s are both domain claims; a gang shares one", domain, *name)
 		}
 		domain = *name
 	}
-	if domain == "" && pg.Annotations[gangv1.AnnotationManaged] != "true" {
-		return nil, ""
+	return domain, ""
+}
+
+// sizeOf is how many members a PodGroup with a gang policy has: minCount,
+// and up to its gang.tessera.dev/max-size annotation's number.
+func sizeOf(pg *schedulingv1beta1.PodGroup) (least, most int32, why string) {
+	least = pg.Spec.SchedulingPolicy.Gang.MinCount
+	raw, ok := pg.Annotations[gangv1.AnnotationMaxSize]
+	if !ok {
+		return least, least, ""
 	}
-	spec := gangv1.GangSpec{Size: pg.Spec.SchedulingPolicy.Gang.MinCount, PodGroupName: pg.Name, DomainClaimName: domain}
-	if raw, ok := pg.Annotations[gangv1.AnnotationMaxSize]; ok {
-		most, err := strconv.ParseInt(raw, 10, 32)
-		if err != nil || int32(most) < spec.Size {
-			return nil, fmt.Sprintf("annotation %s=%q: want a number of at least the gang policy's minCount (%d), the most members the elastic gang grows to", gangv1.AnnotationMaxSize, raw, spec.Size)
-		}
-		spec.MinSize, spec.MaxSize, spec.Size = spec.Size, int32(most), 0
+	n, err := strconv.ParseInt(raw, 10, 32)
+	if err != nil || int32(n) < least {
+		return 0, 0, fmt.Sprintf("PodGroup %s: annotation %s=%q: want a number of at least the gang policy's minCount (%d), the most members the elastic gang grows to", pg.Name, gangv1.AnnotationMaxSize, raw, least)
 	}
+	return least, int32(n), ""
+}
+
+// ownedGang is the Gang of spec, named and controlled by owner (of kind and
+// apiVersion).
+func ownedGang(owner metav1.Object, kind, apiVersion string, spec gangv1.GangSpec) *gangv1.Gang {
 	return &gangv1.Gang{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      pg.Name,
-			Namespace: pg.Namespace,
+			Name:      owner.GetName(),
+			Namespace: owner.GetNamespace(),
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: GroupVersion.String(), Kind: "PodGroup",
-				Name: pg.Name, UID: pg.UID, Controller: ptr.To(true),
+				APIVersion: apiVersion, Kind: kind,
+				Name: owner.GetName(), UID: owner.GetUID(), Controller: ptr.To(true),
 			}},
 		},
 		Spec: spec,
-	}, ""
+	}
 }
 
 // isDomainClaim says whether the claim asks for a domain device.

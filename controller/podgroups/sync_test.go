@@ -1,8 +1,10 @@
 package podgroups
 
 import (
+	"slices"
 	"testing"
 
+	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,9 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	alpha3listers "k8s.io/client-go/listers/scheduling/v1alpha3"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/controller/gang"
@@ -97,5 +101,103 @@ func TestAPodGroupsGangIsCreatedFollowedAndNeverTaken(t *testing.T) {
 	}
 	if _, err := a4.gangs.Get(ctx, "ml", "eval"); !apierrors.IsNotFound(err) {
 		t.Errorf("a gang for a missing PodGroup: %v", err)
+	}
+}
+
+// A PodGroup whose parent CompositePodGroup has a gang policy is a role of
+// the parent's gang and gets no Gang of its own; one whose parent is basic
+// is placed alone; one whose parent is not there yet waits. The parent's
+// Gang follows the children it has.
+func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	// Indexed as Start indexes them (one index function serves both
+	// kinds here: neither has the other's objects).
+	newIndexer := func(objs ...any) cache.Indexer {
+		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, byParent: func(o any) ([]string, error) {
+			if _, ok := o.(*schedulingv1alpha3.CompositePodGroup); ok {
+				return compositeParent(o)
+			}
+			return podGroupParent(o)
+		}})
+		for _, o := range objs {
+			if err := idx.Add(o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return idx
+	}
+	cpg := func(gangPolicy bool) *schedulingv1alpha3.CompositePodGroup {
+		c := &schedulingv1alpha3.CompositePodGroup{ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "ml", UID: "cpg-1", Annotations: map[string]string{gangv1.AnnotationManaged: "true"}}}
+		if gangPolicy {
+			c.Spec.SchedulingPolicy.Gang = &schedulingv1alpha3.CompositeGangSchedulingPolicy{MinGroupCount: 1}
+		} else {
+			c.Spec.SchedulingPolicy.Basic = &schedulingv1alpha3.CompositeBasicSchedulingPolicy{}
+		}
+		return c
+	}
+	kid := func(name string) *schedulingv1beta1.PodGroup {
+		return &schedulingv1beta1.PodGroup{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("pg-" + name), Annotations: map[string]string{gangv1.AnnotationManaged: "true"}},
+			Spec: schedulingv1beta1.PodGroupSpec{ParentCompositePodGroupName: ptr.To("serve"),
+				SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}}},
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		parent *schedulingv1alpha3.CompositePodGroup
+		alone  bool
+	}{
+		{"gang parent", cpg(true), false},
+		{"basic parent", cpg(false), true},
+		{"no parent yet", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := testAdopter(t, "pg-1", 2)
+			a.groups = schedulinglisters.NewPodGroupLister(newIndexer(kid("prefill")))
+			var cpgs []any
+			if tc.parent != nil {
+				cpgs = append(cpgs, tc.parent)
+			}
+			a.composites = alpha3listers.NewCompositePodGroupLister(newIndexer(cpgs...))
+			if _, err := a.sync(ctx, "ml/prefill"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.gangs.Get(ctx, "ml", "prefill"); apierrors.IsNotFound(err) == tc.alone {
+				t.Errorf("the child's own gang: %v; want one: %v", err, tc.alone)
+			}
+		})
+	}
+
+	a, _ := testAdopter(t, "pg-1", 2)
+	groups := newIndexer(kid("prefill"))
+	cpgIndex := newIndexer(cpg(true))
+	c := &composer{gangs: a.gangs, composites: alpha3listers.NewCompositePodGroupLister(cpgIndex), compositeIndex: cpgIndex,
+		groups: schedulinglisters.NewPodGroupLister(groups), groupIndex: groups, claims: a.claims}
+	roles := func() []string {
+		t.Helper()
+		if _, err := c.sync(ctx, "ml/serve"); err != nil {
+			t.Fatal(err)
+		}
+		g, err := a.gangs.Get(ctx, "ml", "serve")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := metav1.GetControllerOf(g); o == nil || o.UID != "cpg-1" {
+			t.Errorf("gang owner %+v, want the CompositePodGroup", o)
+		}
+		var names []string
+		for _, r := range g.Spec.Roles {
+			names = append(names, r.PodGroupName)
+		}
+		return names
+	}
+	if got := roles(); !slices.Equal(got, []string{"prefill"}) {
+		t.Errorf("roles %v, want prefill", got)
+	}
+	if err := groups.Add(kid("decode")); err != nil {
+		t.Fatal(err)
+	}
+	if got := roles(); !slices.Equal(got, []string{"decode", "prefill"}) {
+		t.Errorf("roles %v after a second child, want decode and prefill", got)
 	}
 }

@@ -1,0 +1,246 @@
+package podgroups
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/discovery"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	alpha3listers "k8s.io/client-go/listers/scheduling/v1alpha3"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/controller/gang"
+)
+
+// CompositeGroupVersion is the API version of CompositePodGroups: in
+// Kubernetes 1.37 they are served only in scheduling.k8s.io/v1alpha3, behind
+// the alpha CompositePodGroup feature gate.
+var CompositeGroupVersion = schedulingv1alpha3.SchemeGroupVersion
+
+// CompositeServed says whether the API server serves CompositePodGroups
+// (--feature-gates=CompositePodGroup=true,TopologyAwareWorkloadScheduling=true
+// and --runtime-config=scheduling.k8s.io/v1alpha3=true).
+func CompositeServed(d discovery.DiscoveryInterface) (bool, error) {
+	return served(d, CompositeGroupVersion.String(), "compositepodgroups")
+}
+
+// byParent indexes PodGroups and CompositePodGroups by the namespace/name
+// of their parent CompositePodGroup.
+const byParent = "parent"
+
+func podGroupParent(obj any) ([]string, error) {
+	pg, ok := obj.(*schedulingv1beta1.PodGroup)
+	if !ok || pg.Spec.ParentCompositePodGroupName == nil {
+		return nil, nil
+	}
+	return []string{pg.Namespace + "/" + *pg.Spec.ParentCompositePodGroupName}, nil
+}
+
+func compositeParent(obj any) ([]string, error) {
+	cpg, ok := obj.(*schedulingv1alpha3.CompositePodGroup)
+	if !ok || cpg.Spec.ParentCompositePodGroupName == nil {
+		return nil, nil
+	}
+	return []string{cpg.Namespace + "/" + *cpg.Spec.ParentCompositePodGroupName}, nil
+}
+
+// roleOfParent says whether PodGroup pg is not placed alone, and why: it is
+// a role of its parent CompositePodGroup's gang (the parent has a gang
+// policy), or its parent is not known yet. A child of a parent with a basic
+// policy is placed alone, as any PodGroup.
+func (a *adopter) roleOfParent(pg *schedulingv1beta1.PodGroup) (bool, string) {
+	if pg.Spec.ParentCompositePodGroupName == nil || a.composites == nil {
+		return false, ""
+	}
+	parent := *pg.Spec.ParentCompositePodGroupName
+	cpg, err := a.composites.CompositePodGroups(pg.Namespace).Get(parent)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, fmt.Sprintf("its CompositePodGroup %s does not exist yet", parent)
+	case err != nil:
+		return true, fmt.Sprintf("its CompositePodGroup %s: %v", parent, err)
+	case cpg.Spec.SchedulingPolicy.Gang != nil:
+		return true, fmt.Sprintf("it is a role of the gang of CompositePodGroup %s", parent)
+	}
+	return false, ""
+}
+
+// enqueueChildren makes the PodGroups whose parent is the CompositePodGroup
+// obj look again.
+func (a *adopter) enqueueChildren(groups cache.Indexer) func(any) {
+	return func(obj any) {
+		cpg, ok := obj.(*schedulingv1alpha3.CompositePodGroup)
+		if !ok {
+			return
+		}
+		children, _ := groups.ByIndex(byParent, cpg.Namespace+"/"+cpg.Name)
+		for _, c := range children {
+			a.enqueue(c)
+		}
+	}
+}
+
+// composer keeps one Gang per CompositePodGroup it places.
+type composer struct {
+	*loop
+	gangs          gang.Client
+	composites     alpha3listers.CompositePodGroupLister
+	compositeIndex cache.Indexer
+	groups         schedulinglisters.PodGroupLister
+	groupIndex     cache.Indexer
+	claims         resourcelisters.ResourceClaimLister
+}
+
+// enqueueParent makes the parent of PodGroup obj look again.
+func (c *composer) enqueueParent(obj any) {
+	if pg, ok := obj.(*schedulingv1beta1.PodGroup); ok && pg.Spec.ParentCompositePodGroupName != nil {
+		c.queue.Add(pg.Namespace + "/" + *pg.Spec.ParentCompositePodGroupName)
+	}
+}
+
+// enqueueClaim makes the CompositePodGroups a domain claim may concern look
+// again: the parent of the PodGroup that owns it, or, for a claim the
+// children name (resourceClaimName, which may be created after them), every
+// CompositePodGroup of its namespace.
+func (c *composer) enqueueClaim(obj any) {
+	cl, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok || !isDomainClaim(cl) {
+		return
+	}
+	if o := metav1.GetControllerOf(cl); o != nil && o.Kind == "PodGroup" {
+		if pg, err := c.groups.PodGroups(cl.Namespace).Get(o.Name); err == nil {
+			c.enqueueParent(pg)
+		}
+		return
+	}
+	cpgs, _ := c.composites.CompositePodGroups(cl.Namespace).List(labels.Everything())
+	for _, cpg := range cpgs {
+		c.enqueue(cpg)
+	}
+}
+
+// sync keeps the CompositePodGroup's Gang.
+func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil
+	}
+	cpg, err := c.composites.CompositePodGroups(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil // its gang goes with it (owner reference)
+	}
+	if err != nil {
+		return 0, err
+	}
+	var children []*schedulingv1beta1.PodGroup
+	objs, _ := c.groupIndex.ByIndex(byParent, key)
+	for _, o := range objs {
+		children = append(children, o.(*schedulingv1beta1.PodGroup))
+	}
+	var nested []string
+	objs, _ = c.compositeIndex.ByIndex(byParent, key)
+	for _, o := range objs {
+		nested = append(nested, o.(*schedulingv1alpha3.CompositePodGroup).Name)
+	}
+	want, why := DesiredComposite(cpg, children, nested, func(ns, name string) (*resourceapi.ResourceClaim, error) {
+		return c.claims.ResourceClaims(ns).Get(name)
+	})
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "compositePodGroup", klog.KObj(cpg))
+	if want == nil {
+		if why != "" {
+			logger.V(2).Info("CompositePodGroup not placed as a gang yet", "reason", why)
+		}
+		return 0, nil
+	}
+	return keep(ctx, c.gangs, logger, cpg, want)
+}
+
+// DesiredComposite is the Gang a CompositePodGroup with a gang policy
+// declares over its child PodGroups, or nil with why not (empty when it is
+// simply not Tessera's to place). Each child is one role of the gang, named
+// after it, of its minCount members (elastic up to its
+// gang.tessera.dev/max-size); the roles are ordered by the children's
+// priority, highest first, then by name, so a lower-priority child's pods are
+// evicted first. The gang's domain claim is the domain claim the children
+// name (all the same one: resourceClaimName); without one the
+// CompositePodGroup is placed when annotated gang.tessera.dev/managed:
+// "true". The gang is placed once minGroupCount children exist, and then
+// takes every child, all or nothing. Nested CompositePodGroups are left to the
+// scheduler.
+func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*schedulingv1beta1.PodGroup, nested []string, getClaim claimGetter) (*gangv1.Gang, string) {
+	if cpg.DeletionTimestamp != nil || cpg.Spec.SchedulingPolicy.Gang == nil {
+		return nil, ""
+	}
+	var live []*schedulingv1beta1.PodGroup
+	for _, pg := range children {
+		if pg.DeletionTimestamp == nil {
+			live = append(live, pg)
+		}
+	}
+	var domain, domainOf string
+	for _, pg := range live {
+		d, why := domainClaimOf(pg, getClaim)
+		switch {
+		case why != "":
+			return nil, fmt.Sprintf("child PodGroup %s: %s", pg.Name, why)
+		case d == "" || d == domain:
+		case domain == "":
+			domain, domainOf = d, pg.Name
+		default:
+			return nil, fmt.Sprintf("child PodGroups %s and %s name different domain claims (%s and %s); the groups of one gang share one: give every child the same claim (resourceClaimName)", domainOf, pg.Name, domain, d)
+		}
+	}
+	if domain == "" && cpg.Annotations[gangv1.AnnotationManaged] != "true" {
+		return nil, ""
+	}
+	switch least := int(cpg.Spec.SchedulingPolicy.Gang.MinGroupCount); {
+	case cpg.Spec.ParentCompositePodGroupName != nil:
+		return nil, fmt.Sprintf("it is a child of CompositePodGroup %s: Tessera places a root CompositePodGroup whose children are PodGroups, and leaves nested ones to the scheduler", *cpg.Spec.ParentCompositePodGroupName)
+	case len(nested) > 0:
+		return nil, fmt.Sprintf("its children include CompositePodGroups (%s): Tessera places a CompositePodGroup whose children are PodGroups, and leaves nested ones to the scheduler", strings.Join(nested, ", "))
+	case len(live) < least:
+		return nil, fmt.Sprintf("%d child PodGroups exist, the gang policy's minGroupCount is %d", len(live), least)
+	case len(live) > gangv1.MaxRoles:
+		return nil, fmt.Sprintf("%d child PodGroups: a gang has at most %d roles", len(live), gangv1.MaxRoles)
+	}
+	slices.SortFunc(live, func(a, b *schedulingv1beta1.PodGroup) int {
+		if pa, pb := ptr.Deref(a.Spec.Priority, 0), ptr.Deref(b.Spec.Priority, 0); pa != pb {
+			return int(pb) - int(pa)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	spec := gangv1.GangSpec{CompositePodGroupName: cpg.Name, DomainClaimName: domain}
+	for _, pg := range live {
+		if pg.Spec.SchedulingPolicy.Gang == nil {
+			return nil, fmt.Sprintf("child PodGroup %s has no gang policy: its role's size is its schedulingPolicy.gang.minCount", pg.Name)
+		}
+		if errs := validation.IsDNS1123Label(pg.Name); len(errs) > 0 {
+			return nil, fmt.Sprintf("child PodGroup %s: its name is its role's name, which must be a DNS label: %s", pg.Name, errs[0])
+		}
+		least, most, why := sizeOf(pg)
+		if why != "" {
+			return nil, why
+		}
+		r := gangv1.Role{Name: pg.Name, Size: most, PodGroupName: pg.Name}
+		if least < most {
+			r.MinSize = least
+		}
+		spec.Size += most
+		spec.Roles = append(spec.Roles, r)
+	}
+	return ownedGang(cpg, "CompositePodGroup", CompositeGroupVersion.String(), spec), ""
+}
