@@ -56,7 +56,9 @@ func child(name string, minCount, priority int32, domain string, mut func(*sched
 // sharing the one domain claim its children name; what cannot be mapped
 // waits with the reason, and what is not Tessera's is left alone.
 func TestDesiredGangOfACompositePodGroup(t *testing.T) {
-	elasticDecode := func(pg *schedulingv1beta1.PodGroup) { pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "6"} }
+	elasticDecode := func(pg *schedulingv1beta1.PodGroup) {
+		pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "6"}
+	}
 	both := []*schedulingv1beta1.PodGroup{child("decode", 4, 0, "fixed-domain", elasticDecode), child("prefill", 2, 100, "fixed-domain", nil)}
 	for _, tc := range []struct {
 		name     string
