@@ -103,6 +103,7 @@ type composer struct {
 	groups         schedulinglisters.PodGroupLister
 	groupIndex     cache.Indexer
 	claims         resourcelisters.ResourceClaimLister
+	workloads      schedulinglisters.WorkloadLister
 }
 
 // enqueueParent makes the parent of PodGroup obj look again.
@@ -133,6 +134,21 @@ func (c *composer) enqueueClaim(obj any) {
 	}
 }
 
+// enqueueWorkload makes the CompositePodGroups of Workload obj look again:
+// their roles' order is its templates'.
+func (c *composer) enqueueWorkload(obj any) {
+	w, ok := obj.(*schedulingv1beta1.Workload)
+	if !ok {
+		return
+	}
+	cpgs, _ := c.composites.CompositePodGroups(w.Namespace).List(labels.Everything())
+	for _, cpg := range cpgs {
+		if cpg.Spec.WorkloadRef != nil && cpg.Spec.WorkloadRef.WorkloadName == w.Name {
+			c.enqueue(cpg)
+		}
+	}
+}
+
 // sync keeps the CompositePodGroup's Gang.
 func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
@@ -156,8 +172,13 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 	for _, o := range objs {
 		nested = append(nested, o.(*schedulingv1alpha3.CompositePodGroup).Name)
 	}
-	want, why := DesiredComposite(cpg, children, nested, func(ns, name string) (*resourceapi.ResourceClaim, error) {
-		return c.claims.ResourceClaims(ns).Get(name)
+	want, why := DesiredComposite(cpg, children, nested, Lookups{
+		Claim: func(ns, name string) (*resourceapi.ResourceClaim, error) {
+			return c.claims.ResourceClaims(ns).Get(name)
+		},
+		Workload: func(ns, name string) (*schedulingv1beta1.Workload, error) {
+			return c.workloads.Workloads(ns).Get(name)
+		},
 	})
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "compositePodGroup", klog.KObj(cpg))
 	if want == nil {
@@ -173,15 +194,16 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 // declares over its child PodGroups, or nil with why not (empty when it is
 // simply not Tessera's to place). Each child is one role of the gang, named
 // after it, of its minCount members (elastic up to its
-// gang.tessera.dev/max-size); the roles are ordered by the children's
-// priority, highest first, then by name, so a lower-priority child's pods are
-// evicted first. The gang's domain claim is the domain claim the children
+// gang.tessera.dev/max-size). The roles follow the order of the children's
+// templates in the Workload's CompositePodGroup template (children of one
+// template by name), so the last template's pods are evicted first and the
+// first's last. The gang's domain claim is the domain claim the children
 // name (all the same one: resourceClaimName); without one the
 // CompositePodGroup is placed when annotated gang.tessera.dev/managed:
 // "true". The gang is placed once minGroupCount children exist, and then
-// takes every child, all or nothing. Nested CompositePodGroups are left to the
-// scheduler.
-func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*schedulingv1beta1.PodGroup, nested []string, getClaim claimGetter) (*gangv1.Gang, string) {
+// takes every child, all or nothing. Nested CompositePodGroups are left to
+// the scheduler.
+func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*schedulingv1beta1.PodGroup, nested []string, look Lookups) (*gangv1.Gang, string) {
 	if cpg.DeletionTimestamp != nil || cpg.Spec.SchedulingPolicy.Gang == nil {
 		return nil, ""
 	}
@@ -193,7 +215,7 @@ func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*sch
 	}
 	var domain, domainOf string
 	for _, pg := range live {
-		d, why := domainClaimOf(pg, getClaim)
+		d, why := domainClaimOf(pg, look.Claim)
 		switch {
 		case why != "":
 			return nil, fmt.Sprintf("child PodGroup %s: %s", pg.Name, why)
@@ -217,9 +239,19 @@ func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*sch
 	case len(live) > gangv1.MaxRoles:
 		return nil, fmt.Sprintf("%d child PodGroups: a gang has at most %d roles", len(live), gangv1.MaxRoles)
 	}
+	order, why := templateOrder(cpg, look.Workload)
+	if why != "" {
+		return nil, why
+	}
+	for _, pg := range live {
+		ref := ptr.Deref(pg.Spec.WorkloadRef, schedulingv1beta1.WorkloadReference{})
+		if _, ok := order[ref.TemplateName]; !ok || ref.WorkloadName != cpg.Spec.WorkloadRef.WorkloadName {
+			return nil, fmt.Sprintf("child PodGroup %s: its workloadRef (Workload %q, template %q) is not a podGroupTemplate of Workload %s's compositePodGroupTemplate %s", pg.Name, ref.WorkloadName, ref.TemplateName, cpg.Spec.WorkloadRef.WorkloadName, cpg.Spec.WorkloadRef.TemplateName)
+		}
+	}
 	slices.SortFunc(live, func(a, b *schedulingv1beta1.PodGroup) int {
-		if pa, pb := ptr.Deref(a.Spec.Priority, 0), ptr.Deref(b.Spec.Priority, 0); pa != pb {
-			return int(pb) - int(pa)
+		if d := order[a.Spec.WorkloadRef.TemplateName] - order[b.Spec.WorkloadRef.TemplateName]; d != 0 {
+			return d
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
@@ -243,4 +275,36 @@ func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*sch
 		spec.Roles = append(spec.Roles, r)
 	}
 	return ownedGang(cpg, "CompositePodGroup", CompositeGroupVersion.String(), spec), ""
+}
+
+// Lookups read what DesiredComposite needs besides the CompositePodGroup and
+// its children: claims, and the Workload whose template made them.
+type Lookups struct {
+	Claim    claimGetter
+	Workload func(namespace, name string) (*schedulingv1beta1.Workload, error)
+}
+
+// templateOrder is the position of each podGroupTemplate in the
+// CompositePodGroup template cpg was made from (its workloadRef), or why it
+// cannot be read.
+func templateOrder(cpg *schedulingv1alpha3.CompositePodGroup, getWorkload func(namespace, name string) (*schedulingv1beta1.Workload, error)) (map[string]int, string) {
+	ref := cpg.Spec.WorkloadRef
+	if ref == nil {
+		return nil, "it has no workloadRef: its roles are ordered by its Workload's templates"
+	}
+	w, err := getWorkload(cpg.Namespace, ref.WorkloadName)
+	if err != nil {
+		return nil, fmt.Sprintf("its Workload %s: %v (its roles are ordered by the Workload's templates)", ref.WorkloadName, err)
+	}
+	for _, t := range w.Spec.CompositePodGroupTemplates {
+		if t.Name != ref.TemplateName {
+			continue
+		}
+		order := map[string]int{}
+		for i, pt := range t.PodGroupTemplates {
+			order[pt.Name] = i
+		}
+		return order, ""
+	}
+	return nil, fmt.Sprintf("Workload %s has no compositePodGroupTemplate %s", ref.WorkloadName, ref.TemplateName)
 }

@@ -88,8 +88,9 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 			return fmt.Errorf("index CompositePodGroups by parent: %w", err)
 		}
 		a.composites = cpgs.Lister()
+		workloads := factory.Scheduling().V1beta1().Workloads()
 		c := &composer{gangs: a.gangs, composites: cpgs.Lister(), compositeIndex: cpgs.Informer().GetIndexer(),
-			groups: groups.Lister(), groupIndex: groups.Informer().GetIndexer(), claims: claims.Lister()}
+			groups: groups.Lister(), groupIndex: groups.Informer().GetIndexer(), claims: claims.Lister(), workloads: workloads.Lister()}
 		c.loop = newLoop("compositepodgroups", "CompositePodGroup", CompositeGroupVersion.String(), c.sync)
 		loops = append(loops, c.loop)
 		handlers = append(handlers,
@@ -99,6 +100,7 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 			handler{cpgs.Informer(), a.enqueueChildren(groups.Informer().GetIndexer())},
 			handler{groups.Informer(), c.enqueueParent},
 			handler{claims.Informer(), c.enqueueClaim},
+			handler{workloads.Informer(), c.enqueueWorkload},
 		)
 	}
 	var synced []cache.InformerSynced

@@ -127,7 +127,8 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 		return idx
 	}
 	cpg := func(gangPolicy bool) *schedulingv1alpha3.CompositePodGroup {
-		c := &schedulingv1alpha3.CompositePodGroup{ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "ml", UID: "cpg-1", Annotations: map[string]string{gangv1.AnnotationManaged: "true"}}}
+		c := &schedulingv1alpha3.CompositePodGroup{ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "ml", UID: "cpg-1", Annotations: map[string]string{gangv1.AnnotationManaged: "true"}},
+			Spec: schedulingv1alpha3.CompositePodGroupSpec{WorkloadRef: &schedulingv1alpha3.WorkloadReference{WorkloadName: "wl", TemplateName: "serve"}}}
 		if gangPolicy {
 			c.Spec.SchedulingPolicy.Gang = &schedulingv1alpha3.CompositeGangSchedulingPolicy{MinGroupCount: 1}
 		} else {
@@ -138,7 +139,7 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	kid := func(name string) *schedulingv1beta1.PodGroup {
 		return &schedulingv1beta1.PodGroup{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID("pg-" + name), Annotations: map[string]string{gangv1.AnnotationManaged: "true"}},
-			Spec: schedulingv1beta1.PodGroupSpec{ParentCompositePodGroupName: ptr.To("serve"),
+			Spec: schedulingv1beta1.PodGroupSpec{ParentCompositePodGroupName: ptr.To("serve"), WorkloadRef: &schedulingv1beta1.WorkloadReference{WorkloadName: "wl", TemplateName: name},
 				SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}}},
 		}
 	}
@@ -171,8 +172,12 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	a, _ := testAdopter(t, "pg-1", 2)
 	groups := newIndexer(kid("prefill"))
 	cpgIndex := newIndexer(cpg(true))
+	wl := &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ml"}, Spec: schedulingv1beta1.WorkloadSpec{
+		CompositePodGroupTemplates: []schedulingv1beta1.CompositePodGroupTemplate{{Name: "serve", PodGroupTemplates: []schedulingv1beta1.PodGroupTemplate{{Name: "prefill"}, {Name: "decode"}}}},
+	}}
 	c := &composer{gangs: a.gangs, composites: alpha3listers.NewCompositePodGroupLister(cpgIndex), compositeIndex: cpgIndex,
-		groups: schedulinglisters.NewPodGroupLister(groups), groupIndex: groups, claims: a.claims}
+		groups: schedulinglisters.NewPodGroupLister(groups), groupIndex: groups, claims: a.claims,
+		workloads: schedulinglisters.NewWorkloadLister(newIndexer(wl))}
 	roles := func() []string {
 		t.Helper()
 		if _, err := c.sync(ctx, "ml/serve"); err != nil {
@@ -197,7 +202,7 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	if err := groups.Add(kid("decode")); err != nil {
 		t.Fatal(err)
 	}
-	if got := roles(); !slices.Equal(got, []string{"decode", "prefill"}) {
-		t.Errorf("roles %v after a second child, want decode and prefill", got)
+	if got := roles(); !slices.Equal(got, []string{"prefill", "decode"}) {
+		t.Errorf("roles %v after a second child, want prefill and decode (the Workload's order)", got)
 	}
 }
