@@ -39,12 +39,21 @@ type Options struct {
 	// Benchmarks of the scheduler raise them so that the limiter does not
 	// set the pace.
 	SchedulerAPIQPS, SchedulerAPIBurst int
+	// CompositePodGroups makes the cluster serve Kubernetes 1.37's
+	// CompositePodGroups (scheduling.k8s.io/v1alpha3): the alpha
+	// CompositePodGroup gate and the TopologyAwareWorkloadScheduling gate it
+	// needs are on in every component, kubelets included. Off by default:
+	// alpha gates change the scheduler, and the configuration users run
+	// has them off.
+	CompositePodGroups bool
 }
 
 // Cluster is a running local cluster. Stop it when done.
 type Cluster struct {
 	dir    string
 	logger klog.Logger
+	// gates are the feature gates every component runs with.
+	gates map[string]bool
 	bins   Binaries
 	ca     *certAuthority
 
@@ -84,7 +93,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: opts.Dir, logger: klog.FromContext(ctx), bins: bins}
+	c := &Cluster{dir: opts.Dir, logger: klog.FromContext(ctx), bins: bins, gates: featureGates(opts)}
 	if slices.ContainsFunc(opts.Nodes, func(n NodeSpec) bool { return n.Runtime == RealContainerd }) {
 		if c.runtimeBins, err = FindRuntimeBinaries(); err != nil {
 			return nil, err

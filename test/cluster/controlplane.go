@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -38,13 +40,37 @@ var controllers = []string{
 	"podgroup-protection-controller",
 }
 
-// featureGates every component runs with: the PodGroup API, pods joining a
-// group (spec.schedulingGroup), the scheduler's gang plugin and claims shared
-// by a PodGroup. Beta in 1.37, off by default.
-const featureGates = "--feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true"
+// featureGates are the gates every component runs with: the PodGroup API,
+// pods joining a group (spec.schedulingGroup), the scheduler's gang plugin
+// and claims shared by a PodGroup (beta in 1.37, off by default); with
+// opts.CompositePodGroups, CompositePodGroups and what they need (alpha).
+func featureGates(opts Options) map[string]bool {
+	gates := map[string]bool{"GenericWorkload": true, "DRAWorkloadResourceClaims": true}
+	if opts.CompositePodGroups {
+		gates["CompositePodGroup"], gates["TopologyAwareWorkloadScheduling"] = true, true
+	}
+	return gates
+}
 
-// workloadFeatureGates is featureGates for a KubeletConfiguration.
-var workloadFeatureGates = map[string]bool{"GenericWorkload": true, "DRAWorkloadResourceClaims": true}
+// featureGatesFlag is c.gates as a component's flag.
+func (c *Cluster) featureGatesFlag() string {
+	var on []string
+	for _, g := range slices.Sorted(maps.Keys(c.gates)) {
+		on = append(on, fmt.Sprintf("%s=%t", g, c.gates[g]))
+	}
+	return "--feature-gates=" + strings.Join(on, ",")
+}
+
+// runtimeConfig is the API server's --runtime-config: PodGroups are read in
+// v1beta1 by the scheduler and the resourceclaim controller, and
+// CompositePodGroups are served in v1alpha3 only.
+func (c *Cluster) runtimeConfig() string {
+	apis := "resource.k8s.io/v1=true,scheduling.k8s.io/v1beta1=true"
+	if c.gates["CompositePodGroup"] {
+		apis += ",scheduling.k8s.io/v1alpha3=true"
+	}
+	return "--runtime-config=" + apis
+}
 
 func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 	ca, err := newCertAuthority(c.pkiDir())
@@ -137,10 +163,8 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
-		// PodGroups are read in v1beta1 by the scheduler and the
-		// resourceclaim controller.
-		"--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1beta1=true",
-		featureGates,
+		c.runtimeConfig(),
+		c.featureGatesFlag(),
 		"--endpoint-reconciler-type=none",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		// No Service proxy runs: the API server calls webhooks at their
@@ -186,7 +210,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		// (SchedulerGet); without these only the health paths answer.
 		"--client-ca-file=" + caFile(c.pkiDir()),
 		"--authorization-kubeconfig=" + c.kubeconfigPath("kube-scheduler"),
-		featureGates,
+		c.featureGatesFlag(),
 		"--v=2",
 	})
 	if err != nil {
@@ -206,7 +230,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 		// resourceclaim controller (two writes per pod) alone takes ~30 s
 		// to give a 256-pod gang its claims.
 		"--kube-api-qps=200", "--kube-api-burst=400",
-		featureGates,
+		c.featureGatesFlag(),
 		"--v=2",
 	})
 	if err != nil {

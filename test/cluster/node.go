@@ -203,7 +203,7 @@ func (c *Cluster) newNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		return nil, fmt.Errorf("node %s: %w", n.name, err)
 	}
 	config := filepath.Join(n.dir, "kubelet.yaml")
-	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, n.ip, ports[0], ports[1])); err != nil {
+	if err := writeKubeletConfig(config, kubeletConfig(socket, caFile(c.pkiDir()), serving, n.ip, ports[0], ports[1], c.gates)); err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.name, err)
 	}
 
@@ -296,7 +296,7 @@ func writeSysctlStandIns(dir string) error {
 // shared host next to other kubelets, with a fake runtime and cgroup v1. It
 // serves its API at address:port, the node's IP, and /healthz at
 // 127.0.0.1:healthzPort.
-func kubeletConfig(socket, clientCA string, serving *keyPair, address string, port, healthzPort int) map[string]any {
+func kubeletConfig(socket, clientCA string, serving *keyPair, address string, port, healthzPort int, gates map[string]bool) map[string]any {
 	return map[string]any{
 		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
 		"kind":                     "KubeletConfiguration",
@@ -316,7 +316,7 @@ func kubeletConfig(socket, clientCA string, serving *keyPair, address string, po
 		"failSwapOn":               false,
 		// A PodGroup's claims are prepared for its pods only with the
 		// gates on (the kubelet checks the claim's PodGroup owner).
-		"featureGates": workloadFeatureGates,
+		"featureGates": gates,
 		"authentication": map[string]any{
 			"anonymous": map[string]any{"enabled": false},
 			"webhook":   map[string]any{"enabled": false},
