@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -38,7 +39,11 @@ func TestPodGroupExampleIsPlacedAsAGang(t *testing.T) {
 			case *resourceapi.ResourceClaimTemplate:
 				templates[o.Name] = o
 			case *schedulingv1beta1.PodGroup:
-				groups = append(groups, o)
+				// A CompositePodGroup's children are its gang's roles:
+				// TestCompositePodGroupExampleIsPlacedAsOneGangOfRoles.
+				if o.Spec.ParentCompositePodGroupName == nil {
+					groups = append(groups, o)
+				}
 			}
 		}
 		for _, pg := range groups {
@@ -92,5 +97,79 @@ func TestPodGroupExampleIsPlacedAsAGang(t *testing.T) {
 	}
 	if found != 1 {
 		t.Errorf("found %d PodGroup examples, want 1", found)
+	}
+}
+
+// TestCompositePodGroupExampleIsPlacedAsOneGangOfRoles checks what the
+// CompositePodGroup example needs to start as one gang: each child PodGroup
+// has a Job whose gated pods join it, as many as its minCount, and name the
+// domain claim every child names; and tessera-controller derives from the
+// file's objects one gang whose roles are the children in the Workload's
+// order, sharing that claim.
+func TestCompositePodGroupExampleIsPlacedAsOneGangOfRoles(t *testing.T) {
+	const file = "podgroup/disaggregated-inference.yaml"
+	jobs := map[string]*batchv1.Job{}
+	claims := map[string]*resourceapi.ResourceClaim{}
+	var composites []*schedulingv1alpha3.CompositePodGroup
+	var children []*schedulingv1beta1.PodGroup
+	var workloads []*schedulingv1beta1.Workload
+	for _, o := range objects(t)[file] {
+		switch o := o.(type) {
+		case *batchv1.Job:
+			if sg := o.Spec.Template.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+				jobs[*sg.PodGroupName] = o
+			}
+		case *resourceapi.ResourceClaim:
+			claims[o.Name] = o
+		case *schedulingv1alpha3.CompositePodGroup:
+			composites = append(composites, o)
+		case *schedulingv1beta1.PodGroup:
+			children = append(children, o)
+		case *schedulingv1beta1.Workload:
+			workloads = append(workloads, o)
+		}
+	}
+	if len(composites) != 1 || len(children) != 2 || len(workloads) != 1 {
+		t.Fatalf("%s: %d CompositePodGroups, %d PodGroups, %d Workloads; want 1, 2 and 1", file, len(composites), len(children), len(workloads))
+	}
+	for _, pg := range children {
+		job := jobs[pg.Name]
+		if job == nil || pg.Spec.SchedulingPolicy.Gang == nil || ptr.Deref(pg.Spec.ParentCompositePodGroupName, "") != composites[0].Name {
+			t.Errorf("%s: PodGroup %s needs a gang policy, the CompositePodGroup as its parent and a Job whose pods join it", file, pg.Name)
+			continue
+		}
+		checkMemberJob(t, file, job, pg.Spec.SchedulingPolicy.Gang.MinCount, "its PodGroup's minCount")
+		if !slices.ContainsFunc(job.Spec.Template.Spec.ResourceClaims, func(p corev1.PodResourceClaim) bool {
+			return ptr.Deref(p.ResourceClaimName, "") == "infer-domain"
+		}) {
+			t.Errorf("%s: Job %s's pods do not share the domain claim infer-domain", file, job.Name)
+		}
+	}
+	g, why := podgroups.DesiredComposite(composites[0], children, nil, podgroups.Lookups{
+		Claim: func(_, name string) (*resourceapi.ResourceClaim, error) {
+			if c := claims[name]; c != nil {
+				return c, nil
+			}
+			return nil, fmt.Errorf("no claim %s", name)
+		},
+		Workload: func(_, name string) (*schedulingv1beta1.Workload, error) {
+			if workloads[0].Name == name {
+				return workloads[0], nil
+			}
+			return nil, fmt.Errorf("no workload %s", name)
+		},
+	})
+	if g == nil {
+		t.Fatalf("%s: the CompositePodGroup is not placed as a gang: %q", file, why)
+	}
+	want := gangv1.GangSpec{Size: 3, CompositePodGroupName: "infer", DomainClaimName: "infer-domain", Roles: []gangv1.Role{
+		{Name: "infer-prefill", Size: 1, PodGroupName: "infer-prefill"},
+		{Name: "infer-decode", Size: 2, PodGroupName: "infer-decode"},
+	}}
+	if diff := cmp.Diff(want, g.Spec); diff != "" {
+		t.Errorf("%s: gang of the CompositePodGroup (-want +got):\n%s", file, diff)
+	}
+	if _, err := gangv1.Validate(g); err != nil {
+		t.Errorf("%s: %v", file, err)
 	}
 }

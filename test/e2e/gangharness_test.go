@@ -313,7 +313,13 @@ func (c *tesseraCluster) createMembers(ctx context.Context, t testing.TB, ns, ga
 // gangPods lists the pods labelled gang=<name>.
 func (c *tesseraCluster) gangPods(ctx context.Context, t testing.TB, ns, name string) []corev1.Pod {
 	t.Helper()
-	list, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "gang=" + name})
+	return c.podsBy(ctx, t, ns, "gang="+name)
+}
+
+// podsBy lists the namespace's pods of a label selector.
+func (c *tesseraCluster) podsBy(ctx context.Context, t testing.TB, ns, selector string) []corev1.Pod {
+	t.Helper()
+	list, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,11 +72,17 @@ type gpuNode struct {
 // in t.Cleanup; the cluster's log tails are printed if t failed.
 func startTessera(t *testing.T, specs ...gpuNodeSpec) *tesseraCluster {
 	t.Helper()
-	var nodes []cluster.NodeSpec
+	return startTesseraWith(t, cluster.Options{}, specs...)
+}
+
+// startTesseraWith is startTessera on a cluster of opts (its Nodes are
+// specs').
+func startTesseraWith(t *testing.T, opts cluster.Options, specs ...gpuNodeSpec) *tesseraCluster {
+	t.Helper()
 	for _, s := range specs {
-		nodes = append(nodes, cluster.NodeSpec{Name: s.name, Labels: s.labels, Runtime: s.runtime})
+		opts.Nodes = append(opts.Nodes, cluster.NodeSpec{Name: s.name, Labels: s.labels, Runtime: s.runtime})
 	}
-	c := cluster.StartT(t, cluster.Options{Nodes: nodes})
+	c := cluster.StartT(t, opts)
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	// Registered after StartT's cleanup, so it runs first: the plugins stop
