@@ -54,8 +54,8 @@ type Cluster struct {
 	logger klog.Logger
 	// gates are the feature gates every component runs with.
 	gates map[string]bool
-	bins   Binaries
-	ca     *certAuthority
+	bins  Binaries
+	ca    *certAuthority
 
 	server          string // https://127.0.0.1:<port>
 	adminKubeconfig string

@@ -168,4 +168,3 @@ func TestCompositePodGroupRunsAsOneGangOfRoles(t *testing.T) {
 		t.Errorf("the deleted CompositePodGroup's gang is not gone: %v", err)
 	}
 }
-
