@@ -3,6 +3,7 @@ package podgroups
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -58,25 +59,37 @@ func compositeParent(obj any) ([]string, error) {
 	return []string{cpg.Namespace + "/" + *cpg.Spec.ParentCompositePodGroupName}, nil
 }
 
-// roleOfParent says whether PodGroup pg is not placed alone, and why: it is
-// a role of its parent CompositePodGroup's gang (the parent has a gang
-// policy), or its parent is not known yet. A child of a parent with a basic
-// policy is placed alone, as any PodGroup.
-func (a *adopter) roleOfParent(pg *schedulingv1beta1.PodGroup) (bool, string) {
+// parentSays is how a PodGroup's parent CompositePodGroup decides its
+// placement.
+type parentSays int
+
+const (
+	// alone: it has no parent, or a parent with a basic policy; it is
+	// placed as any PodGroup.
+	alone parentSays = iota
+	// asRole: its parent has a gang policy; it is one role of the
+	// parent's gang and has no gang of its own.
+	asRole
+	// waitForParent: its parent is not known yet.
+	waitForParent
+)
+
+// parentOf says how PodGroup pg's parent decides its placement, and why.
+func (a *adopter) parentOf(pg *schedulingv1beta1.PodGroup) (parentSays, string) {
 	if pg.Spec.ParentCompositePodGroupName == nil || a.composites == nil {
-		return false, ""
+		return alone, ""
 	}
 	parent := *pg.Spec.ParentCompositePodGroupName
 	cpg, err := a.composites.CompositePodGroups(pg.Namespace).Get(parent)
 	switch {
 	case apierrors.IsNotFound(err):
-		return true, fmt.Sprintf("its CompositePodGroup %s does not exist yet", parent)
+		return waitForParent, fmt.Sprintf("its CompositePodGroup %s does not exist yet", parent)
 	case err != nil:
-		return true, fmt.Sprintf("its CompositePodGroup %s: %v", parent, err)
+		return waitForParent, fmt.Sprintf("its CompositePodGroup %s: %v", parent, err)
 	case cpg.Spec.SchedulingPolicy.Gang != nil:
-		return true, fmt.Sprintf("it is a role of the gang of CompositePodGroup %s", parent)
+		return asRole, fmt.Sprintf("it is a role of the gang of CompositePodGroup %s", parent)
 	}
-	return false, ""
+	return alone, ""
 }
 
 // enqueueChildren makes the PodGroups whose parent is the CompositePodGroup
@@ -113,10 +126,21 @@ func (c *composer) enqueueParent(obj any) {
 	}
 }
 
+// enqueueCompositeParent makes the parent of CompositePodGroup obj look
+// again: a nested child keeps it from being placed.
+func (c *composer) enqueueCompositeParent(obj any) {
+	if cpg, ok := obj.(*schedulingv1alpha3.CompositePodGroup); ok && cpg.Spec.ParentCompositePodGroupName != nil {
+		c.queue.Add(cpg.Namespace + "/" + *cpg.Spec.ParentCompositePodGroupName)
+	}
+}
+
 // enqueueClaim makes the CompositePodGroups a domain claim may concern look
 // again: the parent of the PodGroup that owns it, or, for a claim the
 // children name (resourceClaimName, which may be created after them), every
-// CompositePodGroup of its namespace.
+// CompositePodGroup of its namespace. Only a claim's creation and deletion
+// matter (its spec, which says whether it is a domain claim, is
+// immutable), so its updates, the allocations and reservations of every
+// placement, are not handled.
 func (c *composer) enqueueClaim(obj any) {
 	cl, ok := obj.(*resourceapi.ResourceClaim)
 	if !ok || !isDomainClaim(cl) {
@@ -187,6 +211,23 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 		}
 		return 0, nil
 	}
+	// A child placed alone before (where CompositePodGroups were not
+	// served, or under a basic parent of this name) keeps its gang: the
+	// parent's waits for it to go, so that no pod is a member of two.
+	for _, r := range want.Spec.Roles {
+		own, err := c.gangs.Get(ctx, ns, r.PodGroupName)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return 0, err
+		case own.Name == want.Name && metav1.IsControlledBy(own, cpg):
+		default:
+			if o := metav1.GetControllerOf(own); o != nil && o.Kind == "PodGroup" && o.Name == r.PodGroupName {
+				logger.Info("A child PodGroup still has the gang it was placed alone with; delete that Gang to have the CompositePodGroup placed", "podGroup", r.PodGroupName, "gang", klog.KObj(own))
+				return takenNameWait, nil
+			}
+		}
+	}
 	return keep(ctx, c.gangs, logger, cpg, want)
 }
 
@@ -213,21 +254,26 @@ func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*sch
 			live = append(live, pg)
 		}
 	}
-	var domain, domainOf string
+	var domain, domainOf, without string
 	for _, pg := range live {
 		d, why := domainClaimOf(pg, look.Claim)
 		switch {
 		case why != "":
 			return nil, fmt.Sprintf("child PodGroup %s: %s", pg.Name, why)
-		case d == "" || d == domain:
+		case d == "":
+			without = pg.Name
+		case d == domain:
 		case domain == "":
 			domain, domainOf = d, pg.Name
 		default:
 			return nil, fmt.Sprintf("child PodGroups %s and %s name different domain claims (%s and %s); the groups of one gang share one: give every child the same claim (resourceClaimName)", domainOf, pg.Name, domain, d)
 		}
 	}
-	if domain == "" && cpg.Annotations[gangv1.AnnotationManaged] != "true" {
+	switch {
+	case domain == "" && cpg.Annotations[gangv1.AnnotationManaged] != "true":
 		return nil, ""
+	case domain != "" && without != "":
+		return nil, fmt.Sprintf("child PodGroup %s names no domain claim where %s names %s: every member of a gang shares its domain claim; list %s in %s's resourceClaims and its pods'", without, domainOf, domain, domain, without)
 	}
 	switch least := int(cpg.Spec.SchedulingPolicy.Gang.MinGroupCount); {
 	case cpg.Spec.ParentCompositePodGroupName != nil:
@@ -270,6 +316,9 @@ func DesiredComposite(cpg *schedulingv1alpha3.CompositePodGroup, children []*sch
 		r := gangv1.Role{Name: pg.Name, Size: most, PodGroupName: pg.Name}
 		if least < most {
 			r.MinSize = least
+		}
+		if int64(spec.Size)+int64(most) > math.MaxInt32 {
+			return nil, fmt.Sprintf("the child PodGroups' sizes add up to more than %d members", math.MaxInt32)
 		}
 		spec.Size += most
 		spec.Roles = append(spec.Roles, r)

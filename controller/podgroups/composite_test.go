@@ -98,8 +98,9 @@ func TestDesiredGangOfACompositePodGroup(t *testing.T) {
 		why    string // a part of the reason there is no gang yet
 	}{
 		{"prefill and decode sharing a domain claim", serve(nil), both, nil, []string{"prefill:2", "decode:6:4"}, "fixed-domain", ""},
-		{"one child without the claim", serve(nil), []*schedulingv1beta1.PodGroup{child("workers", 4, "fixed-domain", nil), child("launcher", 1, "", nil)}, nil, []string{"launcher:1", "workers:4"}, "fixed-domain", ""},
-		{"children of one template by name", serve(nil), []*schedulingv1beta1.PodGroup{child("decode-1", 1, "fixed-domain", ofTemplate("decode")), child("decode-0", 1, "fixed-domain", ofTemplate("decode")), child("prefill", 1, "", nil)}, nil, []string{"prefill:1", "decode-0:1", "decode-1:1"}, "fixed-domain", ""},
+		{"launcher and workers", serve(nil), []*schedulingv1beta1.PodGroup{child("workers", 4, "fixed-domain", nil), child("launcher", 1, "fixed-domain", nil)}, nil, []string{"launcher:1", "workers:4"}, "fixed-domain", ""},
+		{"one child without the claim", serve(nil), []*schedulingv1beta1.PodGroup{child("workers", 4, "fixed-domain", nil), child("launcher", 1, "", nil)}, nil, nil, "", "child PodGroup launcher names no domain claim where workers names fixed-domain"},
+		{"children of one template by name", serve(nil), []*schedulingv1beta1.PodGroup{child("decode-1", 1, "fixed-domain", ofTemplate("decode")), child("decode-0", 1, "fixed-domain", ofTemplate("decode")), child("prefill", 1, "fixed-domain", nil)}, nil, []string{"prefill:1", "decode-0:1", "decode-1:1"}, "fixed-domain", ""},
 		{"managed without a domain claim", serve(func(c *schedulingv1alpha3.CompositePodGroup) {
 			c.Annotations = map[string]string{gangv1.AnnotationManaged: "true"}
 		}), []*schedulingv1beta1.PodGroup{child("a", 1, "", nil), child("b", 2, "", nil)}, nil, []string{"a:1", "b:2"}, "", ""},
@@ -113,17 +114,24 @@ func TestDesiredGangOfACompositePodGroup(t *testing.T) {
 		{"a child's claim missing", serve(nil), []*schedulingv1beta1.PodGroup{child("a", 1, "gone", nil), child("b", 1, "fixed-domain", nil)}, nil, nil, "", "child PodGroup a: group claim domain (gone)"},
 		{"fewer children than minGroupCount", serve(nil), both[:1], nil, nil, "", "1 child PodGroups exist, the gang policy's minGroupCount is 2"},
 		{"a child being deleted does not count", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("prefill", 2, "fixed-domain", func(pg *schedulingv1beta1.PodGroup) { pg.DeletionTimestamp = &metav1.Time{} })}, nil, nil, "", "1 child PodGroups exist"},
-		{"a child without a gang policy", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("prefill", 2, "", func(pg *schedulingv1beta1.PodGroup) {
+		{"a child without a gang policy", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("prefill", 2, "fixed-domain", func(pg *schedulingv1beta1.PodGroup) {
 			pg.Spec.SchedulingPolicy = schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}
 		})}, nil, nil, "", "child PodGroup prefill has no gang policy"},
-		{"a child whose name is no role name", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("pre.fill", 2, "", ofTemplate("prefill"))}, nil, nil, "", "child PodGroup pre.fill: its name is its role's name, which must be a DNS label"},
-		{"a child's max-size below its minCount", serve(nil), []*schedulingv1beta1.PodGroup{both[1], child("decode", 4, "", func(pg *schedulingv1beta1.PodGroup) {
+		{"a child whose name is no role name", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("pre.fill", 2, "fixed-domain", ofTemplate("prefill"))}, nil, nil, "", "child PodGroup pre.fill: its name is its role's name, which must be a DNS label"},
+		{"a child's max-size below its minCount", serve(nil), []*schedulingv1beta1.PodGroup{both[1], child("decode", 4, "fixed-domain", func(pg *schedulingv1beta1.PodGroup) {
 			pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "3"}
 		})}, nil, nil, "", "PodGroup decode: annotation gang.tessera.dev/max-size=\"3\""},
-		{"a child of no template of the Workload", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("eval", 1, "", nil)}, nil, nil, "", `child PodGroup eval: its workloadRef (Workload "wl", template "eval") is not a podGroupTemplate of Workload wl's compositePodGroupTemplate serve`},
-		{"a child of another Workload", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("prefill", 1, "", func(pg *schedulingv1beta1.PodGroup) { pg.Spec.WorkloadRef.WorkloadName = "wl2" })}, nil, nil, "", `child PodGroup prefill: its workloadRef (Workload "wl2", template "prefill")`},
+		{"a child of no template of the Workload", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("eval", 1, "fixed-domain", nil)}, nil, nil, "", `child PodGroup eval: its workloadRef (Workload "wl", template "eval") is not a podGroupTemplate of Workload wl's compositePodGroupTemplate serve`},
+		{"a child of another Workload", serve(nil), []*schedulingv1beta1.PodGroup{both[0], child("prefill", 1, "fixed-domain", func(pg *schedulingv1beta1.PodGroup) { pg.Spec.WorkloadRef.WorkloadName = "wl2" })}, nil, nil, "", `child PodGroup prefill: its workloadRef (Workload "wl2", template "prefill")`},
 		{"the Workload missing", serve(func(c *schedulingv1alpha3.CompositePodGroup) { c.Spec.WorkloadRef.WorkloadName = "gone" }), both, nil, nil, "", `its Workload gone: workload "gone" not found`},
 		{"no such template in the Workload", serve(func(c *schedulingv1alpha3.CompositePodGroup) { c.Spec.WorkloadRef.TemplateName = "infer" }), both, nil, nil, "", "Workload wl has no compositePodGroupTemplate infer"},
+		{"sizes past int32", serve(func(c *schedulingv1alpha3.CompositePodGroup) {
+			c.Annotations = map[string]string{gangv1.AnnotationManaged: "true"}
+		}), []*schedulingv1beta1.PodGroup{child("a", 1, "", func(pg *schedulingv1beta1.PodGroup) {
+			pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "2147483647"}
+		}), child("b", 1, "", func(pg *schedulingv1beta1.PodGroup) {
+			pg.Annotations = map[string]string{gangv1.AnnotationMaxSize: "2147483647"}
+		})}, nil, nil, "", "sizes add up to more than 2147483647"},
 		{"nested CompositePodGroups", serve(nil), both, []string{"inner"}, nil, "", "its children include CompositePodGroups (inner)"},
 		{"a nested CompositePodGroup", serve(func(c *schedulingv1alpha3.CompositePodGroup) { c.Spec.ParentCompositePodGroupName = ptr.To("outer") }), both, nil, nil, "", "it is a child of CompositePodGroup outer"},
 	} {

@@ -16,6 +16,9 @@ type loop struct {
 	queue     workqueue.TypedRateLimitingInterface[string]
 	// sync syncs one key; again, when set, is when to look again.
 	sync func(ctx context.Context, key string) (again time.Duration, _ error)
+	// synced are the informer handlers the loop waits for before its first
+	// sync.
+	synced []cache.InformerSynced
 }
 
 func newLoop(name, kind, api string, sync func(context.Context, string) (time.Duration, error)) *loop {

@@ -75,9 +75,9 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 	a.loop = newLoop("podgroups", "PodGroup", GroupVersion.String(), a.sync)
 	loops := []*loop{a.loop}
 	handlers := []handler{
-		{groups.Informer(), a.enqueue},
+		{inf: groups.Informer(), fn: a.enqueue, loop: a.loop},
 		// A group's template claim appears after the PodGroup names it.
-		{claims.Informer(), a.enqueueOwner},
+		{inf: claims.Informer(), fn: a.enqueueOwner, loop: a.loop},
 	}
 	if composites {
 		cpgs := factory.Scheduling().V1alpha3().CompositePodGroups()
@@ -94,39 +94,44 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 		c.loop = newLoop("compositepodgroups", "CompositePodGroup", CompositeGroupVersion.String(), c.sync)
 		loops = append(loops, c.loop)
 		handlers = append(handlers,
-			handler{cpgs.Informer(), c.enqueue},
 			// A PodGroup that waits for its parent looks again once
 			// the parent exists.
-			handler{cpgs.Informer(), a.enqueueChildren(groups.Informer().GetIndexer())},
-			handler{groups.Informer(), c.enqueueParent},
-			handler{claims.Informer(), c.enqueueClaim},
-			handler{workloads.Informer(), c.enqueueWorkload},
+			handler{inf: cpgs.Informer(), fn: a.enqueueChildren(groups.Informer().GetIndexer()), loop: a.loop},
+			handler{inf: cpgs.Informer(), fn: c.enqueue, loop: c.loop},
+			handler{inf: cpgs.Informer(), fn: c.enqueueCompositeParent, loop: c.loop},
+			handler{inf: groups.Informer(), fn: c.enqueueParent, loop: c.loop},
+			handler{inf: claims.Informer(), fn: c.enqueueClaim, loop: c.loop, noUpdates: true},
+			handler{inf: workloads.Informer(), fn: c.enqueueWorkload, loop: c.loop},
 		)
 	}
-	var synced []cache.InformerSynced
 	for _, h := range handlers {
-		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    h.fn,
-			UpdateFunc: func(_, o any) { h.fn(o) },
+		funcs := cache.ResourceEventHandlerFuncs{
+			AddFunc: h.fn,
 			DeleteFunc: func(o any) {
 				if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 					o = d.Obj
 				}
 				h.fn(o)
 			},
-		})
-		if err != nil {
-			return fmt.Errorf("watch PodGroups: %w", err)
 		}
-		synced = append(synced, reg.HasSynced)
+		if !h.noUpdates {
+			funcs.UpdateFunc = func(_, o any) { h.fn(o) }
+		}
+		reg, err := h.inf.AddEventHandler(funcs)
+		if err != nil {
+			return fmt.Errorf("watch %ss: %w", h.loop.kind, err)
+		}
+		h.loop.synced = append(h.loop.synced, reg.HasSynced)
 	}
 	for _, l := range loops {
 		go func() {
 			defer l.queue.ShutDown()
 			<-ctx.Done()
 		}()
+		// Each loop waits for its own informers only: PodGroups are
+		// placed even where CompositePodGroups cannot be listed.
 		go func() {
-			if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+			if !cache.WaitForCacheSync(ctx.Done(), l.synced...) {
 				return
 			}
 			klog.FromContext(ctx).Info(l.kind+"s with a gang policy and a domain claim are placed as gangs", "api", l.api)
@@ -137,10 +142,13 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 	return nil
 }
 
-// handler is what one informer's events call.
+// handler is what one informer's events call, for which loop.
 type handler struct {
-	inf cache.SharedIndexInformer
-	fn  func(any)
+	inf  cache.SharedIndexInformer
+	fn   func(any)
+	loop *loop
+	// noUpdates: fn is called on additions and deletions only.
+	noUpdates bool
 }
 
 // adopter keeps one Gang per PodGroup it places.
@@ -169,6 +177,11 @@ func (a *adopter) enqueueOwner(obj any) {
 // removes that Gang shortly.
 const replacedOwnerWait = 5 * time.Second
 
+// takenNameWait is how often a PodGroup or CompositePodGroup whose name a
+// Gang of another owner holds looks again: nothing else tells it the name
+// is free.
+const takenNameWait = time.Minute
+
 // sync keeps the PodGroup's Gang; again, when set, is when to look again.
 func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
@@ -183,7 +196,11 @@ func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ 
 		return 0, err
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "podGroup", klog.KObj(pg))
-	if role, why := a.roleOfParent(pg); role {
+	switch says, why := a.parentOf(pg); says {
+	case waitForParent:
+		logger.V(2).Info("PodGroup not placed yet", "reason", why)
+		return 0, nil
+	case asRole:
 		logger.V(2).Info("PodGroup not placed alone", "reason", why)
 		return 0, nil
 	}
@@ -206,11 +223,15 @@ func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner meta
 	have, err := gangs.Get(ctx, want.Namespace, want.Name)
 	switch {
 	case apierrors.IsNotFound(err):
-		if _, err := gangs.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+		got, err := gangs.Create(ctx, want)
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			return 0, nil
+		case err != nil:
 			return 0, fmt.Errorf("create gang for %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 		}
 		logger.Info("Placing the "+kind+" as a gang", "size", want.Spec.Size, "roles", len(want.Spec.Roles), "domainClaim", want.Spec.DomainClaimName)
-		return 0, nil
+		return 0, pruned(got, want)
 	case err != nil:
 		return 0, err
 	case !metav1.IsControlledBy(have, owner):
@@ -219,17 +240,28 @@ func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner meta
 			return replacedOwnerWait, nil
 		}
 		logger.Error(errors.New("name taken"), "A Gang of the "+kind+"'s name exists that the "+kind+" does not own; rename one of them to have the "+kind+" placed")
-		return 0, nil
+		return takenNameWait, nil
 	case apiequality.Semantic.DeepEqual(have.Spec, want.Spec):
 		return 0, nil
 	}
 	// minCount may change (scaling), and a CompositePodGroup gain
 	// children; the gang follows.
 	have.Spec = want.Spec
-	if _, err := gangs.Update(ctx, have); err != nil {
+	got, err := gangs.Update(ctx, have)
+	if err != nil {
 		return 0, fmt.Errorf("update gang of %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 	}
-	return 0, nil
+	return 0, pruned(got, want)
+}
+
+// pruned says whether the API server dropped fields of want from got, the
+// gang it stored: a Gang CRD older than the controller (Helm does not
+// upgrade CRDs) prunes the fields it does not know.
+func pruned(got, want *gangv1.Gang) error {
+	if got.Spec.CompositePodGroupName != want.Spec.CompositePodGroupName || (len(want.Spec.Roles) > 0 && got.Spec.Roles[0].PodGroupName != want.Spec.Roles[0].PodGroupName) {
+		return fmt.Errorf("gang %s/%s: the API server dropped spec.compositePodGroupName or spec.roles[].podGroupName: its Gang CRD is older than tessera-controller; apply deployments/crds (or the chart's crds/) again", want.Namespace, want.Name)
+	}
+	return nil
 }
 
 // Desired is the Gang the PodGroup declares, or nil with why not (empty when

@@ -2,6 +2,7 @@ package podgroups
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
@@ -81,15 +82,16 @@ func TestAPodGroupsGangIsCreatedFollowedAndNeverTaken(t *testing.T) {
 		t.Errorf("the old PodGroup's gang was taken over: owners %+v", g.OwnerReferences)
 	}
 
-	// A gang of that name that no PodGroup owns is left alone, for good.
+	// A gang of that name that no PodGroup owns is left alone; the PodGroup
+	// looks again now and then, for nothing else says the name is free.
 	mine := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"}, Spec: gangv1.GangSpec{Size: 5, Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
 	a4, _ := testAdopter(t, "pg-3", 2)
 	if _, err := a4.gangs.Create(ctx, mine); err != nil {
 		t.Fatal(err)
 	}
 	again, err = a4.sync(ctx, "ml/train")
-	if err != nil || again != 0 {
-		t.Errorf("sync over a user's gang: again %v, %v; want nothing", again, err)
+	if err != nil || again != takenNameWait {
+		t.Errorf("sync over a user's gang: again %v, %v; want a look again in %v", again, err, takenNameWait)
 	}
 	if g, _ := a4.gangs.Get(ctx, "ml", "train"); g.Spec.Size != 5 || len(g.OwnerReferences) != 0 {
 		t.Errorf("the user's gang changed: %+v, owners %+v", g.Spec, g.OwnerReferences)
@@ -146,15 +148,30 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		parent *schedulingv1alpha3.CompositePodGroup
-		alone  bool
+		// placedAlone: the child had a gang of its own before (placed
+		// where CompositePodGroups were not served).
+		placedAlone bool
+		alone       bool
 	}{
-		{"gang parent", cpg(true), false},
-		{"basic parent", cpg(false), true},
-		{"no parent yet", nil, false},
+		{"gang parent", cpg(true), false, false},
+		// Its own gang stays until deleted; the parent's waits for that.
+		{"gang parent of a child placed alone before", cpg(true), true, true},
+		{"basic parent", cpg(false), false, true},
+		{"basic parent of a child placed alone before", cpg(false), true, true},
+		{"no parent yet", nil, false, false},
+		{"no parent yet of a child placed alone before", nil, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, _ := testAdopter(t, "pg-1", 2)
 			a.groups = schedulinglisters.NewPodGroupLister(newIndexer(kid("prefill")))
+			if tc.placedAlone {
+				if _, err := a.sync(ctx, "ml/prefill"); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := a.gangs.Get(ctx, "ml", "prefill"); err != nil {
+					t.Fatalf("the child was not placed alone where CompositePodGroups are not served: %v", err)
+				}
+			}
 			var cpgs []any
 			if tc.parent != nil {
 				cpgs = append(cpgs, tc.parent)
@@ -169,8 +186,17 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 		})
 	}
 
+	// The parent's gang waits while a child still has a gang of its own
+	// (its pods would be members of two), and is made once someone deleted
+	// it.
 	a, _ := testAdopter(t, "pg-1", 2)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gangv1.GroupVersionResource: "GangList"})
+	a.gangs = gang.NewClient(dyn)
 	groups := newIndexer(kid("prefill"))
+	a.groups = schedulinglisters.NewPodGroupLister(groups)
+	if _, err := a.sync(ctx, "ml/prefill"); err != nil {
+		t.Fatal(err)
+	}
 	cpgIndex := newIndexer(cpg(true))
 	wl := &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ml"}, Spec: schedulingv1beta1.WorkloadSpec{
 		CompositePodGroupTemplates: []schedulingv1beta1.CompositePodGroupTemplate{{Name: "serve", PodGroupTemplates: []schedulingv1beta1.PodGroupTemplate{{Name: "prefill"}, {Name: "decode"}}}},
@@ -178,6 +204,19 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	c := &composer{gangs: a.gangs, composites: alpha3listers.NewCompositePodGroupLister(cpgIndex), compositeIndex: cpgIndex,
 		groups: schedulinglisters.NewPodGroupLister(groups), groupIndex: groups, claims: a.claims,
 		workloads: schedulinglisters.NewWorkloadLister(newIndexer(wl))}
+	if again, err := c.sync(ctx, "ml/serve"); err != nil || again != takenNameWait {
+		t.Errorf("the parent's sync beside the child's own gang: again %v, %v; want a look again in %v", again, err, takenNameWait)
+	}
+	if _, err := a.gangs.Get(ctx, "ml", "serve"); !apierrors.IsNotFound(err) {
+		t.Errorf("the parent's gang was made beside the child's own: %v", err)
+	}
+	own, err := a.gangs.Get(ctx, "ml", "prefill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dyn.Resource(gangv1.GroupVersionResource).Namespace("ml").Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	roles := func() []string {
 		t.Helper()
 		if _, err := c.sync(ctx, "ml/serve"); err != nil {
@@ -204,5 +243,25 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	}
 	if got := roles(); !slices.Equal(got, []string{"prefill", "decode"}) {
 		t.Errorf("roles %v after a second child, want prefill and decode (the Workload's order)", got)
+	}
+}
+
+// A Gang CRD older than the controller prunes the composite's fields; the
+// write says so, naming the fix, rather than leave a gang of no members.
+func TestAGangThePrunedCRDStoredIsReported(t *testing.T) {
+	want := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "ml"}, Spec: gangv1.GangSpec{
+		Size: 1, CompositePodGroupName: "serve", Roles: []gangv1.Role{{Name: "a", Size: 1, PodGroupName: "a"}},
+	}}
+	if err := pruned(want.DeepCopy(), want); err != nil {
+		t.Errorf("a gang stored whole: %v", err)
+	}
+	got := want.DeepCopy()
+	got.Spec.CompositePodGroupName, got.Spec.Roles[0].PodGroupName = "", ""
+	if err := pruned(got, want); err == nil || !strings.Contains(err.Error(), "apply deployments/crds") {
+		t.Errorf("a gang stored pruned: %v, want an error saying to apply the CRD", err)
+	}
+	got.Spec.CompositePodGroupName = "serve"
+	if err := pruned(got, want); err == nil {
+		t.Error("a gang stored with its roles' PodGroups pruned: no error")
 	}
 }
