@@ -201,7 +201,7 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 		if !composites {
 			klog.FromContext(ctx).Info("The API server does not serve CompositePodGroups; their child PodGroups are placed alone", "api", podgroups.CompositeGroupVersion)
 		}
-		if err := podgroups.Start(ctx, dyn, factory, composites); err != nil {
+		if err := podgroups.Start(ctx, client, dyn, factory, composites); err != nil {
 			return err
 		}
 	default:

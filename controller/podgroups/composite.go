@@ -181,6 +181,7 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 	}
 	cpg, err := c.composites.CompositePodGroups(ns).Get(name)
 	if apierrors.IsNotFound(err) {
+		c.say(nil, key, "")
 		return 0, nil // its gang goes with it (owner reference)
 	}
 	if err != nil {
@@ -209,6 +210,7 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 		if why != "" {
 			logger.V(2).Info("CompositePodGroup not placed as a gang yet", "reason", why)
 		}
+		c.say(cpg, key, why)
 		return 0, nil
 	}
 	// A child placed alone before (where CompositePodGroups were not
@@ -223,12 +225,16 @@ func (c *composer) sync(ctx context.Context, key string) (time.Duration, error) 
 		case own.Name == want.Name && metav1.IsControlledBy(own, cpg):
 		default:
 			if o := metav1.GetControllerOf(own); o != nil && o.Kind == "PodGroup" && o.Name == r.PodGroupName {
-				logger.Info("A child PodGroup still has the gang it was placed alone with; delete that Gang to have the CompositePodGroup placed", "podGroup", r.PodGroupName, "gang", klog.KObj(own))
+				why := fmt.Sprintf("child PodGroup %s still has the gang %s it was placed alone with: delete that Gang to have the CompositePodGroup placed", r.PodGroupName, own.Name)
+				logger.Info("Not placing the CompositePodGroup: " + why)
+				c.say(cpg, key, why)
 				return takenNameWait, nil
 			}
 		}
 	}
-	return keep(ctx, c.gangs, logger, cpg, want)
+	again, why, err := keep(ctx, c.gangs, logger, cpg, want)
+	c.say(cpg, key, why)
+	return again, err
 }
 
 // DesiredComposite is the Gang a CompositePodGroup with a gang policy

@@ -4,7 +4,10 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 )
@@ -19,6 +22,35 @@ type loop struct {
 	// synced are the informer handlers the loop waits for before its first
 	// sync.
 	synced []cache.InformerSynced
+	// recorder, when set, records why an object is not placed (say);
+	// said is what was last said of each key. Only the loop's one worker
+	// uses them.
+	recorder record.EventRecorder
+	said     map[string]string
+}
+
+// ReasonNotPlaced is the reason of the events that say why a PodGroup or
+// CompositePodGroup is not placed as a gang (yet).
+const ReasonNotPlaced = "NotPlacedAsGang"
+
+// say records why obj, of key, is not placed as a gang, as an event on it,
+// when that changed since the last look; why "" (placed, or not Tessera's)
+// forgets it. kubectl describe shows the user what the controller's log
+// says.
+func (l *loop) say(obj runtime.Object, key, why string) {
+	switch {
+	case l.said[key] == why:
+	case why == "":
+		delete(l.said, key)
+	default:
+		if l.said == nil {
+			l.said = map[string]string{}
+		}
+		l.said[key] = why
+		if l.recorder != nil {
+			l.recorder.Event(obj, corev1.EventTypeNormal, ReasonNotPlaced, why)
+		}
+	}
 }
 
 func newLoop(name, kind, api string, sync func(context.Context, string) (time.Duration, error)) *loop {

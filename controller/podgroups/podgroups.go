@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -25,10 +26,14 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	alpha3listers "k8s.io/client-go/listers/scheduling/v1alpha3"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -68,11 +73,19 @@ func served(d discovery.DiscoveryInterface, groupVersion, resource string) (bool
 // Start) and keeps their Gangs until ctx ends; with composites (the API
 // server serves CompositePodGroups: CompositeServed), it keeps the Gangs
 // of CompositePodGroups too.
-func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedInformerFactory, composites bool) error {
+func Start(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, factory informers.SharedInformerFactory, composites bool) error {
+	broadcast := record.NewBroadcaster(record.WithContext(ctx))
+	broadcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	go func() {
+		<-ctx.Done()
+		broadcast.Shutdown()
+	}()
+	recorder := broadcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-controller"})
 	groups := factory.Scheduling().V1beta1().PodGroups()
 	claims := factory.Resource().V1().ResourceClaims()
 	a := &adopter{gangs: gang.NewClient(dyn), groups: groups.Lister(), claims: claims.Lister()}
 	a.loop = newLoop("podgroups", "PodGroup", GroupVersion.String(), a.sync)
+	a.recorder = recorder
 	loops := []*loop{a.loop}
 	handlers := []handler{
 		{inf: groups.Informer(), fn: a.enqueue, loop: a.loop},
@@ -92,6 +105,7 @@ func Start(ctx context.Context, dyn dynamic.Interface, factory informers.SharedI
 		c := &composer{gangs: a.gangs, composites: cpgs.Lister(), compositeIndex: cpgs.Informer().GetIndexer(),
 			groups: groups.Lister(), groupIndex: groups.Informer().GetIndexer(), claims: claims.Lister(), workloads: workloads.Lister()}
 		c.loop = newLoop("compositepodgroups", "CompositePodGroup", CompositeGroupVersion.String(), c.sync)
+		c.recorder = recorder
 		loops = append(loops, c.loop)
 		handlers = append(handlers,
 			// A PodGroup that waits for its parent looks again once
@@ -190,6 +204,7 @@ func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ 
 	}
 	pg, err := a.groups.PodGroups(ns).Get(name)
 	if apierrors.IsNotFound(err) {
+		a.say(nil, key, "")
 		return 0, nil // its gang goes with it (owner reference)
 	}
 	if err != nil {
@@ -199,9 +214,11 @@ func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ 
 	switch says, why := a.parentOf(pg); says {
 	case waitForParent:
 		logger.V(2).Info("PodGroup not placed yet", "reason", why)
+		a.say(pg, key, why)
 		return 0, nil
 	case asRole:
 		logger.V(2).Info("PodGroup not placed alone", "reason", why)
+		a.say(pg, key, "")
 		return 0, nil
 	}
 	want, why := Desired(pg, func(ns, name string) (*resourceapi.ResourceClaim, error) {
@@ -211,14 +228,18 @@ func (a *adopter) sync(ctx context.Context, key string) (again time.Duration, _ 
 		if why != "" {
 			logger.V(2).Info("PodGroup not placed as a gang yet", "reason", why)
 		}
+		a.say(pg, key, why)
 		return 0, nil
 	}
-	return keep(ctx, a.gangs, logger, pg, want)
+	again, why, err = keep(ctx, a.gangs, logger, pg, want)
+	a.say(pg, key, why)
+	return again, err
 }
 
 // keep makes the Gang want (of owner's name, owned by it) exist as want
-// says; again, when set, is when to look again.
-func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner metav1.Object, want *gangv1.Gang) (again time.Duration, _ error) {
+// says; again, when set, is when to look again, and why, when set, why the
+// owner is not placed.
+func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner metav1.Object, want *gangv1.Gang) (again time.Duration, why string, _ error) {
 	kind := want.OwnerReferences[0].Kind
 	have, err := gangs.Get(ctx, want.Namespace, want.Name)
 	switch {
@@ -226,32 +247,33 @@ func keep(ctx context.Context, gangs gang.Client, logger klog.Logger, owner meta
 		got, err := gangs.Create(ctx, want)
 		switch {
 		case apierrors.IsAlreadyExists(err):
-			return 0, nil
+			return 0, "", nil
 		case err != nil:
-			return 0, fmt.Errorf("create gang for %s %s/%s: %w", kind, want.Namespace, want.Name, err)
+			return 0, "", fmt.Errorf("create gang for %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 		}
 		logger.Info("Placing the "+kind+" as a gang", "size", want.Spec.Size, "roles", len(want.Spec.Roles), "domainClaim", want.Spec.DomainClaimName)
-		return 0, pruned(got, want)
+		return 0, "", pruned(got, want)
 	case err != nil:
-		return 0, err
+		return 0, "", err
 	case !metav1.IsControlledBy(have, owner):
 		if o := metav1.GetControllerOf(have); o != nil && o.Kind == kind && o.Name == owner.GetName() {
 			logger.V(2).Info("The Gang of an earlier " + kind + " of this name is still there; waiting for the garbage collector")
-			return replacedOwnerWait, nil
+			return replacedOwnerWait, "", nil
 		}
-		logger.Error(errors.New("name taken"), "A Gang of the "+kind+"'s name exists that the "+kind+" does not own; rename one of them to have the "+kind+" placed")
-		return takenNameWait, nil
+		why := fmt.Sprintf("a Gang %s exists that this %s does not own: rename one of them to have the %s placed", want.Name, kind, kind)
+		logger.Error(errors.New("name taken"), why)
+		return takenNameWait, why, nil
 	case apiequality.Semantic.DeepEqual(have.Spec, want.Spec):
-		return 0, nil
+		return 0, "", nil
 	}
 	// minCount may change (scaling), and a CompositePodGroup gain
 	// children; the gang follows.
 	have.Spec = want.Spec
 	got, err := gangs.Update(ctx, have)
 	if err != nil {
-		return 0, fmt.Errorf("update gang of %s %s/%s: %w", kind, want.Namespace, want.Name, err)
+		return 0, "", fmt.Errorf("update gang of %s %s/%s: %w", kind, want.Namespace, want.Name, err)
 	}
-	return 0, pruned(got, want)
+	return 0, "", pruned(got, want)
 }
 
 // pruned says whether the API server dropped fields of want from got, the

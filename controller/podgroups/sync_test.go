@@ -17,6 +17,7 @@ import (
 	alpha3listers "k8s.io/client-go/listers/scheduling/v1alpha3"
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
@@ -39,10 +40,64 @@ func testAdopter(t *testing.T, uid types.UID, minCount int32) (*adopter, *schedu
 	claims := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gangv1.GroupVersionResource: "GangList"})
 	return &adopter{
+		loop:   &loop{kind: "PodGroup", recorder: record.NewFakeRecorder(100)},
 		gangs:  gang.NewClient(dyn),
 		groups: schedulinglisters.NewPodGroupLister(groups),
 		claims: resourcelisters.NewResourceClaimLister(claims),
 	}, pg
+}
+
+// Why a PodGroup is not placed is said once as an event on it, not on every
+// look, and said again when it changes or comes back after a placement.
+func TestWhyAPodGroupIsNotPlacedIsSaidOnceAsAnEvent(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	a, pg := testAdopter(t, "pg-1", 2)
+	events := a.recorder.(*record.FakeRecorder).Events
+	groups := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	a.groups = schedulinglisters.NewPodGroupLister(groups)
+	set := func(maxSize string) {
+		t.Helper()
+		p := pg.DeepCopy()
+		p.Annotations[gangv1.AnnotationMaxSize] = maxSize
+		if err := groups.Update(p); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := a.sync(ctx, "ml/train"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	said := func() []string {
+		var out []string
+		for {
+			select {
+			case e := <-events:
+				out = append(out, e)
+			default:
+				return out
+			}
+		}
+	}
+	set("x")
+	if got := said(); len(got) != 1 || !strings.Contains(got[0], "Normal "+ReasonNotPlaced+" PodGroup train: annotation gang.tessera.dev/max-size=\"x\"") {
+		t.Errorf("events after two looks at a bad max-size: %q, want one saying why", got)
+	}
+	set("1")
+	if got := said(); len(got) != 1 || !strings.Contains(got[0], `max-size="1"`) {
+		t.Errorf("events after the reason changed: %q, want one saying the new reason", got)
+	}
+	set("4")
+	if got := said(); len(got) != 0 {
+		t.Errorf("events once placed: %q, want none", got)
+	}
+	if _, err := a.gangs.Get(ctx, "ml", "train"); err != nil {
+		t.Fatalf("not placed with a good max-size: %v", err)
+	}
+	set("x")
+	if got := said(); len(got) != 1 {
+		t.Errorf("events after the reason came back: %q, want one", got)
+	}
 }
 
 func TestAPodGroupsGangIsCreatedFollowedAndNeverTaken(t *testing.T) {
@@ -201,7 +256,7 @@ func TestAChildPodGroupIsARoleOfItsParentsGangNotAGangOfItsOwn(t *testing.T) {
 	wl := &schedulingv1beta1.Workload{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ml"}, Spec: schedulingv1beta1.WorkloadSpec{
 		CompositePodGroupTemplates: []schedulingv1beta1.CompositePodGroupTemplate{{Name: "serve", PodGroupTemplates: []schedulingv1beta1.PodGroupTemplate{{Name: "prefill"}, {Name: "decode"}}}},
 	}}
-	c := &composer{gangs: a.gangs, composites: alpha3listers.NewCompositePodGroupLister(cpgIndex), compositeIndex: cpgIndex,
+	c := &composer{loop: &loop{kind: "CompositePodGroup"}, gangs: a.gangs, composites: alpha3listers.NewCompositePodGroupLister(cpgIndex), compositeIndex: cpgIndex,
 		groups: schedulinglisters.NewPodGroupLister(groups), groupIndex: groups, claims: a.claims,
 		workloads: schedulinglisters.NewWorkloadLister(newIndexer(wl))}
 	if again, err := c.sync(ctx, "ml/serve"); err != nil || again != takenNameWait {
