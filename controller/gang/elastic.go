@@ -155,13 +155,7 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 		logger.V(2).Info("Growth rolled back", "why", conflict)
 		return result{requeueAfter: time.Second}, rbErr
 	}
-	if r.interrupt != nil && r.interrupt(StepRelease) {
-		return result{}, errInterrupted
-	}
-	err = parallel(len(p.members), func(i int) error {
-		return release(ctx, r.client, p.members[i], p.nodes[i], id)
-	})
-	if err != nil {
+	if err := r.releaseAll(ctx, p, id); err != nil {
 		return result{}, err // committed: the next look releases the rest
 	}
 	_, most := gangv1.Bounds(&g.Spec)

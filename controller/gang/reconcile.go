@@ -56,8 +56,8 @@ type reconciler struct {
 	// imex and imexNamespace: see Options.IMEXDaemons, DaemonNamespace.
 	imex          bool
 	imexNamespace string
-	// gangs lists every gang (the informer's cache), for the domains that
-	// gangs of higher priority hold while their preempted pods end.
+	// allGangs lists every gang (the informer's cache), for the domains
+	// that gangs of higher priority hold while their preempted pods end.
 	allGangs func() []*gangv1.Gang
 	// taintRules lists DeviceTaintRules (the informer's cache), for the
 	// rules of reservations.
@@ -296,13 +296,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if err := r.syncReservationRules(ctx, g, nil, false); err != nil {
 		logger.Error(err, "Could not remove the reservation of a placed gang; the next look does")
 	}
-	if r.interrupt != nil && r.interrupt(StepRelease) {
-		return result{}, errInterrupted
-	}
-	err = parallel(len(p.members), func(i int) error {
-		return release(ctx, r.client, p.members[i], p.nodes[i], id)
-	})
-	if err != nil {
+	if err := r.releaseAll(ctx, p, id); err != nil {
 		return result{}, err // committed: the next reconcile releases the rest
 	}
 	notMet := spreadNotMet(gangv1.PlacementOf(&g.Spec), nodes, p.nodes)
@@ -622,4 +616,15 @@ func (r *reconciler) writeClaims(ctx context.Context, g *gangv1.Gang, id string,
 		return written, errInterrupted
 	}
 	return written, err
+}
+
+// releaseAll releases the members of committed plan p (placement id) onto
+// their nodes, in parallel; the StepRelease test hook may cut it first.
+func (r *reconciler) releaseAll(ctx context.Context, p *plan, id string) error {
+	if r.interrupt != nil && r.interrupt(StepRelease) {
+		return errInterrupted
+	}
+	return parallel(len(p.members), func(i int) error {
+		return release(ctx, r.client, p.members[i], p.nodes[i], id)
+	})
 }
