@@ -483,3 +483,40 @@ func TestAnElasticGangOfEqualBoundsIsRepairedAsAFixedOne(t *testing.T) {
 		t.Fatalf("evicted %v, committed %q; want the rest evicted and the placement forgotten", f.evicted, g.Annotations[gangv1.AnnotationCommitted])
 	}
 }
+
+// An elastic gang of a PodGroup's pods starts only with all of them, not
+// with those that fit: kube-scheduler binds none of a group's pods while
+// one is gated, so released members beside gated ones would wait for ever.
+// The waiting message says so. Once all fit, all are released.
+func TestAnElasticPodGroupsGangStartsWithEveryPodItHas(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"b1": 2, "b2": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.runningPod("blocker", "b2", 4, 0)
+	f.create(newClaim("domain", "domain.gpu.tessera.dev", 1))
+	all := []string{"m-0", "m-1", "m-2", "m-3", "m-4", "m-5"}
+	for _, name := range all {
+		f.memberOf(name, "domain", nil, 1, func(p *v1.Pod) {
+			p.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: ptr.To("g")}
+		})
+	}
+	g := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "g", Namespace: "ml", UID: "uid-gang-g"},
+		Spec: gangv1.GangSpec{MinSize: 3, MaxSize: 6, PodGroupName: "g", DomainClaimName: "domain"}}
+	if _, err := f.r.gangs.Create(f.ctx, g); err != nil {
+		t.Fatal(err)
+	}
+
+	g = f.reconcileOK("g")
+	if got := f.released(all...); len(got) != 0 || g.Annotations[gangv1.AnnotationCommitted] != "" {
+		t.Fatalf("released %v (committed %q) while only four of six fit; want none", got, g.Annotations[gangv1.AnnotationCommitted])
+	}
+	if w := meta.FindStatusCondition(g.Status.Conditions, gangv1.ConditionWaiting); w == nil || w.Reason != gangv1.ReasonNoDomainFits || !strings.Contains(w.Message, "all 6 members (a PodGroup's gang starts with every pod it has") {
+		t.Fatalf("waiting: %+v", w)
+	}
+
+	f.deleteObject("pods", "blocker")
+	f.deleteObject("resourceclaims", "blocker-gpu")
+	g = f.reconcileOK("g")
+	if got := f.released(all...); len(got) != 6 || g.Annotations[gangv1.AnnotationCommitted] == "" {
+		t.Fatalf("released %v once all fit; want all six", got)
+	}
+}

@@ -99,6 +99,9 @@ type view struct {
 	least     int
 	roleLeast []int
 	roleNames []string
+	// whole: an elastic gang of PodGroup pods starts with all its live
+	// members (startWhole).
+	whole bool
 	// grow, when the view is an elastic gang's growth, are the nodes of
 	// its members already placed (counted against a spread).
 	grow []*v1.Node
@@ -163,6 +166,21 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 	_, most := gangv1.Bounds(&g.Spec)
 	v.rank(g.Spec.Roles, keep, int(most))
 	return v
+}
+
+// startWhole makes an elastic gang's start need every live member, as a
+// PodGroup's gang must: kube-scheduler (1.37) binds none of a PodGroup's
+// pods while any of them is gated, so a start with members left gated would
+// hold the released ones too (seen on the real scheduler:
+// TestGangPlacement/AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler). Members
+// created later still join by growth, and members lost are let go while
+// the minimums live.
+func (v *view) startWhole() {
+	v.whole = true
+	v.least = max(v.least, len(v.live))
+	for i := range v.roleLeast {
+		v.roleLeast[i] = max(v.roleLeast[i], v.roles[i])
+	}
 }
 
 // short says how members (a fit of an elastic gang) fall short of the

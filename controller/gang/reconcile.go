@@ -193,6 +193,9 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 			return result{}, nil
 		}
 	}
+	if v.elastic && (g.Spec.PodGroupName != "" || g.Spec.CompositePodGroupName != "") {
+		v.startWhole()
+	}
 	return r.place(ctx, g, v, st)
 }
 
@@ -232,7 +235,10 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 			}
 		}
 		msg := noFitMessage(len(v.live), verdicts)
-		if v.elastic {
+		switch {
+		case v.whole:
+			msg = noFitMessageFor(len(v.live), fmt.Sprintf("all %d members (a PodGroup's gang starts with every pod it has: kube-scheduler binds none of a group's pods while one is gated)", len(v.live)), verdicts)
+		case v.elastic:
 			msg = noFitMessageFor(len(v.live), fmt.Sprintf("the minimum (%d) of the %d members", v.least, len(v.live)), verdicts)
 		}
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {

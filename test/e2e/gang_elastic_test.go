@@ -9,10 +9,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -231,4 +233,77 @@ func (e gangEnv) leaderKeptWhenWorkersPreempted(ctx context.Context, t *testing.
 		c.checkUntouched(ctx, t, ns, map[string]types.UID{b.Name: b.UID})
 	}
 	t.Logf("high gang runs on tray-b1; preempted %v; launcher and w-0 kept", preempted)
+}
+
+// elasticPodGroupGrows: the PodGroup API's elastic gang on the real
+// scheduler. A pod holds two of tray-b1's four GPUs (clique B) when a
+// PodGroup of minCount 2, annotated gang.tessera.dev/max-size: "4" (and
+// managed: no domain claim), gets two gated one-GPU pods: its gang starts
+// with them in the smallest domain that holds them, tray-b1. Two more pods
+// join the group, gated: no room, so they wait and the running two are
+// untouched (kube-scheduler's gang plugin holds a group's pods while one is
+// gated only before the group is scheduled). When the blocker ends, the two
+// join the placement on tray-b1 and the scheduler binds them.
+func (e gangEnv) elasticPodGroupGrows(ctx context.Context, t *testing.T) {
+	c, gs, client := e.c, e.gs, e.c.Client()
+	const ns = "elastic-pg"
+	c.newNamespace(ctx, t, ns)
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2))
+	blocker := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-b1"))
+	pg := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "pg-el", Namespace: ns, Annotations: map[string]string{gangv1.AnnotationManaged: "true", gangv1.AnnotationMaxSize: "4"}},
+		Spec:       schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}}},
+	}
+	noErr(t, ok(client.SchedulingV1beta1().PodGroups(ns).Create(ctx, pg, metav1.CreateOptions{})))
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(ctx)
+		c.deleteGangPods(ctx, t, ns, "pg-el")
+		noErr(t, client.SchedulingV1beta1().PodGroups(ns).Delete(ctx, "pg-el", metav1.DeleteOptions{}))
+	})
+	create := func(names ...string) {
+		for _, name := range names {
+			p := memberPod(ns, name, "pg-el", "one-gpu", "")
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("pg-el")}
+			noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})))
+		}
+	}
+
+	create("pg-el-0", "pg-el-1")
+	started := c.waitNamedRunning(ctx, t, ns, 3*time.Minute, "pg-el-0", "pg-el-1")
+	g := gs.waitCondition(ctx, t, ns, "pg-el", gangv1.ConditionRunning, metav1.ConditionTrue, time.Minute)
+	id := g.Annotations[gangv1.AnnotationCommitted]
+	if least, most := gangv1.Bounds(&g.Spec); least != 2 || most != 4 || g.Spec.PodGroupName != "pg-el" {
+		t.Errorf("gang of the PodGroup: %+v, want 2 to 4 members of pg-el", g.Spec)
+	}
+	untouched := map[string]types.UID{}
+	for name, p := range started {
+		if p.Spec.NodeName != "tray-b1" || p.Annotations[gangv1.AnnotationPlacement] != id {
+			t.Errorf("starting member %s: node %q, placement %q (gang's %q)", name, p.Spec.NodeName, p.Annotations[gangv1.AnnotationPlacement], id)
+		}
+		untouched[name] = p.UID
+	}
+
+	// Two more: no room on tray-b1, so they wait gated.
+	create("pg-el-2", "pg-el-3")
+	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return gs.get(ctx, t, ns, "pg-el").Status.Members == 4, nil
+	})
+	noErr(t, err)
+	for _, name := range []string{"pg-el-2", "pg-el-3"} {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		noErr(t, err)
+		if p.Spec.NodeName != "" || len(p.Spec.SchedulingGates) == 0 {
+			t.Fatalf("member %s released while there is no room for it:\n%s", name, c.describePods(ctx, ns))
+		}
+	}
+	c.checkUntouched(ctx, t, ns, untouched)
+
+	c.deletePodsAndWait(ctx, t, blocker)
+	for name, p := range c.waitNamedRunning(ctx, t, ns, 3*time.Minute, "pg-el-2", "pg-el-3") {
+		if p.Spec.NodeName != "tray-b1" || p.Annotations[gangv1.AnnotationPlacement] != id {
+			t.Errorf("joining member %s: node %q, placement %q (gang's %q)", name, p.Spec.NodeName, p.Annotations[gangv1.AnnotationPlacement], id)
+		}
+	}
+	c.checkUntouched(ctx, t, ns, untouched)
+	t.Logf("elastic PodGroup started with 2 on tray-b1 and grew to 4 in placement %s", id)
 }

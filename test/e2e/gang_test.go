@@ -312,6 +312,7 @@ func TestGangPlacement(t *testing.T) {
 	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { e.preemptsAWholeGang(ctx, t) })
 	t.Run("AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", func(t *testing.T) { e.reservesAndBackfills(ctx, t) })
 	t.Run("AnElasticGangStartsAtMinGrowsLosesAMemberAndGoesOn", func(t *testing.T) { e.elasticGrowsAndShrinks(ctx, t) })
+	t.Run("AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler", func(t *testing.T) { e.elasticPodGroupGrows(ctx, t) })
 	t.Run("ALeaderWorkerGangKeepsItsLeaderWhenWorkersArePreempted", func(t *testing.T) { e.leaderKeptWhenWorkersPreempted(ctx, t) })
 	// Last: the cluster loses a node.
 	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
