@@ -69,6 +69,16 @@ func (c *tesseraCluster) checkUntouched(ctx context.Context, t testing.TB, ns st
 	}
 }
 
+// halfOfTrayB1Held makes namespace ns with GPU templates "one-gpu" and
+// "two-gpus", and a running pod there holding two of tray-b1's four GPUs,
+// which it returns.
+func (c *tesseraCluster) halfOfTrayB1Held(ctx context.Context, t *testing.T, ns string) *corev1.Pod {
+	t.Helper()
+	c.newNamespace(ctx, t, ns)
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2))
+	return c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-b1"))
+}
+
 // elasticGrowsAndShrinks: a pod holds two of tray-b1's four GPUs (clique B)
 // when an elastic gang of minSize 2 and maxSize 4 (one GPU per member) is
 // created with four members. It starts with the two that fit, ranks 0 and
@@ -80,9 +90,7 @@ func (c *tesseraCluster) checkUntouched(ctx context.Context, t testing.TB, ns st
 func (e gangEnv) elasticGrowsAndShrinks(ctx context.Context, t *testing.T) {
 	c, gs, client := e.c, e.gs, e.c.Client()
 	const ns = "elastic"
-	c.newNamespace(ctx, t, ns)
-	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2))
-	blocker := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-b1"))
+	blocker := c.halfOfTrayB1Held(ctx, t, ns)
 	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "el-domain"), metav1.CreateOptions{})))
 	t.Cleanup(func() { c.deleteGangAndMembers(context.WithoutCancel(ctx), t, gs, ns, "el") })
 	g := labelGang(ns, "el", 0, "el-domain")
@@ -247,9 +255,7 @@ func (e gangEnv) leaderKeptWhenWorkersPreempted(ctx context.Context, t *testing.
 func (e gangEnv) elasticPodGroupGrows(ctx context.Context, t *testing.T) {
 	c, gs, client := e.c, e.gs, e.c.Client()
 	const ns = "elastic-pg"
-	c.newNamespace(ctx, t, ns)
-	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2))
-	blocker := c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-b1"))
+	blocker := c.halfOfTrayB1Held(ctx, t, ns)
 	pg := &schedulingv1beta1.PodGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: "pg-el", Namespace: ns, Annotations: map[string]string{gangv1.AnnotationManaged: "true", gangv1.AnnotationMaxSize: "4"}},
 		Spec:       schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 2}}},
