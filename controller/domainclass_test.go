@@ -11,7 +11,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	apiwatch "k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -26,14 +28,33 @@ func TestTheDomainClassGoneStopsTheLeader(t *testing.T) {
 	class := func(name string, uid types.UID) *resourceapi.DeviceClass {
 		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name, UID: uid}}
 	}
+	// watch returns once the informer watches the classes. The fake
+	// clientset, unlike an API server, does not replay a deletion made
+	// between the informer's list and its watch: a change made before the
+	// watch starts could be lost, and the test with it.
 	watch := func(t *testing.T, client *fake.Clientset, uid types.UID) <-chan error {
 		_, ctx := ktesting.NewTestContext(t)
 		ctx, cancel := context.WithCancel(ctx)
 		t.Cleanup(cancel)
+		watching := make(chan struct{})
+		var started sync.Once
+		client.PrependWatchReactor("deviceclasses", func(action k8stesting.Action) (bool, apiwatch.Interface, error) {
+			opts := action.(k8stesting.WatchActionImpl).ListOptions
+			w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+			if err == nil {
+				started.Do(func() { close(watching) })
+			}
+			return true, w, err
+		})
 		stops := make(chan error, 10)
 		var once sync.Once
 		if err := watchDomainClass(ctx, client, uid, func(err error) { once.Do(func() { stops <- err }) }); err != nil {
 			t.Fatal(err)
+		}
+		select {
+		case <-watching:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the informer did not watch the DeviceClasses within 30 s")
 		}
 		return stops
 	}
