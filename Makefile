@@ -90,7 +90,7 @@ fuzz:
 # (test/cmd/benchreport). Figures are ratios measured within one run (the
 # machines are shared and noisy); goals are reported, never asserted. A
 # benchmark that fails leaves its figures null with the reason, and bench
-# fails after writing the report. ~3 minutes on two cores, plus ~12 for the
+# fails after writing the report. ~3 minutes on two cores, plus ~20 for the
 # scheduler benchmark (docs/performance.md, "Scale").
 # BenchmarkGangPlacement runs on the local cluster (gang_<N>_s: gang
 # creation to every member bound) for 64, 128, 256 and 512 members;
@@ -99,9 +99,10 @@ fuzz:
 # one-GPU jobs and gangs of 16, with and without reservations
 # (gang_wait_vs_earliest_*, gpu_utilization_*; docs/gang.md).
 GANG_BENCH ?= .
-# BenchmarkSchedulerThroughput runs the real scheduler on 100 and 500
-# simulated DGX H100 nodes for each case (whole, mig1g, migwhole, timeslice,
-# memshare; sched_* figures); SCHED_BENCH chooses others, one regexp per
+# BenchmarkSchedulerThroughput (~20 minutes) runs the real scheduler on 100
+# and 500 simulated DGX H100 nodes for each case (whole, mig1g, migwhole,
+# timeslice, memshare, and the levers lazy1g, lazywhole, aligned1g,
+# alignedwhole; sched_* figures); SCHED_BENCH chooses others, one regexp per
 # level: SCHED_BENCH='^nodes=1000$$/' or SCHED_BENCH='^nodes=100$$/^case=(whole|mig1g)$$'
 # (the ratios need whole in the same run). SCHED_PROFILE=<dir> also writes a
 # CPU profile of the scheduler per case there.

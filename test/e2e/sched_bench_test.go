@@ -42,6 +42,9 @@ type schedCase struct {
 	class    string
 	selector string
 	capacity map[resourceapi.QualifiedName]resource.Quantity
+	// shape, when set, rearranges what each node publishes: a layout the
+	// plugin does not ship, measured as a lever (see schedShapes).
+	shape func(testing.TB, []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice
 }
 
 // schedCases are the cases of BenchmarkSchedulerThroughput; whole comes first
@@ -51,14 +54,25 @@ var schedCases = []schedCase{
 	{name: "whole", layout: func(testing.TB) inventory.Options { return inventory.Options{} }, class: gpuClass},
 	// DynamicMIG on (its default): every profile at every placement, and
 	// the whole GPU, drawing on the GPU's counter set.
-	{name: "mig1g", layout: dynamicMIG, class: migClass, selector: `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`},
+	{name: "mig1g", layout: dynamicMIG, class: migClass, selector: mig1gSelector},
 	{name: "migwhole", layout: dynamicMIG, class: gpuClass},
 	// --time-sliced-gpus=all=4: each GPU is one device four claims share.
 	{name: "timeslice", layout: sharedBy(func(p *sharing.Policy) error { return p.ParseTimeSliced("all=4") }), class: "timeslice.gpu.tessera.dev"},
 	// --memory-shared-gpus=all: claims take 16 GiB each (four per H100).
 	{name: "memshare", layout: sharedBy(func(p *sharing.Policy) error { return p.ParseMemoryShared("all") }), class: "memory.gpu.tessera.dev",
 		capacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("16Gi")}},
+	// Levers (shapes the plugin does not publish), each with both kinds of
+	// pod of the dynamic-MIG cases: lazy1g/lazywhole publish what lazy
+	// publishing would on a node with no partition yet; aligned1g and
+	// alignedwhole keep each GPU's devices in one slice (one write per health
+	// change).
+	{name: "lazy1g", layout: dynamicMIG, shape: lazyShape, class: migClass, selector: mig1gSelector},
+	{name: "lazywhole", layout: dynamicMIG, shape: lazyShape, class: gpuClass},
+	{name: "aligned1g", layout: dynamicMIG, shape: alignedShape, class: migClass, selector: mig1gSelector},
+	{name: "alignedwhole", layout: dynamicMIG, shape: alignedShape, class: gpuClass},
 }
+
+const mig1gSelector = `device.attributes["gpu.tessera.dev"].profile == "1g.10gb"`
 
 func dynamicMIG(testing.TB) inventory.Options { return inventory.Options{DynamicMIG: true} }
 
@@ -96,8 +110,10 @@ const schedulerAPIQPS = 5000
 //
 // Cases (schedCases): whole GPUs with DynamicMIG off; dynamic MIG with pods
 // asking for a 1g.10gb and for a whole GPU; GPUs time-sliced four ways; GPUs
-// shared by memory, 16 GiB a claim. Sizes: 100, 500 and 1,000 nodes (make
-// bench runs 100 and 500; SCHED_BENCH chooses). TESSERA_SCHED_PROFILE=<dir>
+// shared by memory, 16 GiB a claim; and the levers, dynamic-MIG shapes the
+// plugin does not publish (sched_shapes_test.go), with both kinds of pod.
+// Sizes: 100, 500 and 1,000 nodes (make bench runs 100 and 500; SCHED_BENCH
+// chooses). TESSERA_SCHED_PROFILE=<dir>
 // also writes a 20-second CPU profile of the scheduler per case into dir.
 func BenchmarkSchedulerThroughput(b *testing.B) {
 	for _, size := range schedNodeCounts {
@@ -128,7 +144,7 @@ func BenchmarkSchedulerThroughput(b *testing.B) {
 
 // discoverSimNodes discovers the GPUs of n simulated DGX H100 nodes, named
 // simNodeName(i) (their GPU UUIDs derive from the name), once for every case.
-func discoverSimNodes(b *testing.B, n int) [][]discovery.GPU {
+func discoverSimNodes(b testing.TB, n int) [][]discovery.GPU {
 	b.Helper()
 	p := fixtures.Profile(b, "dgx-h100")
 	out := make([][]discovery.GPU, n)
@@ -165,6 +181,9 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	published := make([][]*resourceapi.ResourceSlice, len(gpus))
 	for i := range gpus {
 		published[i] = fixtures.Published(b, simNodeName(i), gpus[i], layout)
+		if sc.shape != nil {
+			published[i] = sc.shape(b, published[i])
+		}
 	}
 	began := time.Now()
 	stopLeases := simulateNodes(ctx, b, client, published)
