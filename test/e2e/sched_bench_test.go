@@ -43,7 +43,7 @@ type schedCase struct {
 	selector string
 	capacity map[resourceapi.QualifiedName]resource.Quantity
 	// shape, when set, rearranges what each node publishes: a layout the
-	// plugin does not ship, measured as a lever (see schedShapes).
+	// plugin does not ship, measured as a lever (sched_shapes_test.go).
 	shape func(testing.TB, []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice
 }
 

@@ -22,8 +22,9 @@ import (
 // on its counter set, so that partitions published later cannot overlap an
 // allocated whole GPU), every counter set, and only the last GPU's
 // partitions (first-fit whole-GPU allocation reaches it last). It is the
-// least a node can publish and still offer every profile: the upper bound of
-// what lazy publishing could give the scheduler.
+// least a node can publish and still offer every profile. It is static:
+// nothing republishes it as pods are allocated, as the plugin would, so a
+// node takes at most one GPU's partitions, and a full node still lists them.
 func lazyShape(t testing.TB, pool []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
 	devices, counters := split(pool)
 	last := ""
