@@ -262,22 +262,8 @@ func benchClaim(ns, name string, sc schedCase) *resourceapi.ResourceClaim {
 // parallel runs do for every name with a few workers, as a burst of clients
 // would, and returns every error.
 func parallel(names []string, do func(string) error) error {
-	const workers = 16
 	errs := make([]error, len(names))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				errs[i] = do(names[i])
-			}
-		})
-	}
-	for i := range names {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	eachIndex(len(names), 16, func(i int) { errs[i] = do(names[i]) })
 	return errors.Join(errs...)
 }
 

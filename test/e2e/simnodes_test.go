@@ -63,23 +63,7 @@ func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interfac
 	// Renewed by several clients at once: one at a time, a thousand Leases
 	// took longer than their 40 s on a busy apiserver (1,000 dynamic-MIG
 	// nodes publishing), and the node-lifecycle controller tainted them.
-	renew := func() {
-		const renewers = 8
-		next := make(chan int)
-		var wg sync.WaitGroup
-		for range renewers {
-			wg.Go(func() {
-				for i := range next {
-					renewOne(i)
-				}
-			})
-		}
-		for i := range n {
-			next <- i
-		}
-		close(next)
-		wg.Wait()
-	}
+	renew := func() { eachIndex(n, 8, renewOne) }
 	done := make(chan struct{})
 	var renewing sync.WaitGroup
 	renewing.Go(func() {
@@ -100,26 +84,14 @@ func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interfac
 
 	// Nodes are created in parallel: a sequential loop takes minutes for
 	// hundreds of nodes of several slices each.
-	const workers = 8
 	errs := make([]error, n)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				errs[i] = createSimNode(ctx, client, simNodeName(i), published[i], func(l *coordinationv1.Lease) {
-					mu.Lock()
-					leases[i] = l
-					mu.Unlock()
-				})
-			}
+	eachIndex(n, 8, func(i int) {
+		errs[i] = createSimNode(ctx, client, simNodeName(i), published[i], func(l *coordinationv1.Lease) {
+			mu.Lock()
+			leases[i] = l
+			mu.Unlock()
 		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	})
 	if err := errors.Join(errs...); err != nil {
 		stop()
 		b.Fatal(err)
@@ -129,6 +101,25 @@ func simulateNodes(ctx context.Context, b testing.TB, client kubernetes.Interfac
 		b.Fatal(err)
 	}
 	return stop
+}
+
+// eachIndex calls do for 0..n-1 from workers goroutines, as that many
+// clients would, and returns when every call has.
+func eachIndex(n, workers int, do func(i int)) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				do(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 }
 
 // createSimNode creates a node and its Lease (passed to leased), makes the
