@@ -52,7 +52,10 @@ func (c *Cluster) Refit(ctx context.Context, node *v1.Node, claim *resourceapi.R
 		pools[poolID{r.Driver, r.Pool}] = true
 	}
 	var confined []*resourceapi.ResourceSlice
-	for _, s := range c.slices {
+	c.mu.Lock()
+	published := c.slices
+	c.mu.Unlock()
+	for _, s := range published {
 		if !pools[poolID{s.Spec.Driver, s.Spec.Pool.Name}] {
 			continue
 		}

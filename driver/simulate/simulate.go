@@ -57,6 +57,14 @@ func New(classes []*resourceapi.DeviceClass, slices []*resourceapi.ResourceSlice
 	return c
 }
 
+// Publish replaces the slices the allocator sees (a node republished);
+// what is allocated stays.
+func (c *Cluster) Publish(slices []*resourceapi.ResourceSlice) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.slices = slices
+}
+
 // Allocate asks the allocator to place claims on a node. It returns nil, nil
 // when they do not fit; the results are not recorded until Commit.
 func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
@@ -67,7 +75,10 @@ func (c *Cluster) Allocate(ctx context.Context, nodeName string, claims ...*reso
 // AllocateOnNode is Allocate on a node object, whose labels the pools' node
 // selectors are matched against.
 func (c *Cluster) AllocateOnNode(ctx context.Context, node *v1.Node, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
-	return c.allocate(ctx, node, c.slices, claims)
+	c.mu.Lock()
+	sl := c.slices
+	c.mu.Unlock()
+	return c.allocate(ctx, node, sl, claims)
 }
 
 // allocate runs the allocator over slices with what the cluster holds taken.

@@ -6,6 +6,7 @@ package slices
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/lazymig"
 )
 
 // DriverName is the DRA driver name Tessera publishes under.
@@ -107,6 +109,12 @@ func gpuAttributes(g discovery.GPU) map[resourceapi.QualifiedName]resourceapi.De
 type Options struct {
 	// Taints by GPU name (gpu-<index>); a GPU's MIG devices inherit them.
 	Taints map[string][]resourceapi.DeviceTaint
+	// Lazy, when set, publishes the partitions only of the GPUs it names
+	// (driver/lazymig), those being withdrawn with its taint, each profile's
+	// in its order; nil publishes every GPU's. A GPU without a whole device
+	// (in MIG mode for good) offers nothing else and always publishes its
+	// partitions, first.
+	Lazy *lazymig.Decision
 }
 
 // Build lays out a node's devices as one pool named after the node: devices
@@ -137,6 +145,9 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		}
 		devices = append(devices, dev)
 	}
+	if opts.Lazy != nil {
+		devices = lazily(inv, devices, *opts.Lazy)
+	}
 	out := chunk(devices)
 	for sets := counterSets(inv, limits); len(sets) > 0; {
 		n := min(MaxCounterSetsPerSlice, len(sets))
@@ -148,6 +159,62 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 			nodeName: {Slices: out},
 		},
 	}, nil
+}
+
+// lazily keeps the partitions of the GPUs d publishes, tainted while they
+// are withdrawn, and orders each profile's by d.Order; devices are in the
+// inventory's order (whole GPUs first, then each profile's partitions).
+func lazily(inv *inventory.Inventory, devices []resourceapi.Device, d lazymig.Decision) []resourceapi.Device {
+	whole := map[string]bool{}
+	for _, dev := range inv.Devices {
+		if dev.Kind == inventory.Whole && dev.Counters != "" {
+			whole[dev.GPU.Name()] = true
+		}
+	}
+	rank := map[string]int{}
+	for i, name := range d.Order {
+		rank[name] = i + 1 // 0: GPUs without a whole device
+	}
+	type kept struct {
+		dev         resourceapi.Device
+		group, rank int
+	}
+	var out []kept
+	groups := map[string]int{}
+	for i, dev := range devices {
+		src := inv.Devices[i]
+		if src.Kind != inventory.Partition {
+			out = append(out, kept{dev: dev, group: -1})
+			continue
+		}
+		gpu := src.GPU.Name()
+		if whole[gpu] {
+			s, ok := d.States[gpu]
+			if !ok {
+				continue
+			}
+			if s.IsClosing() {
+				dev.Taints = append(slices.Clone(dev.Taints), resourceapi.DeviceTaint{Key: lazymig.TaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule, TimeAdded: &metav1.Time{Time: s.Closing}})
+			}
+		}
+		g, seen := groups[src.Profile.Name]
+		if !seen {
+			g = len(groups)
+			groups[src.Profile.Name] = g
+		}
+		out = append(out, kept{dev: dev, group: g, rank: rank[gpu]})
+	}
+	sort.SliceStable(out, func(a, b int) bool {
+		if out[a].group != out[b].group {
+			return out[a].group < out[b].group
+		}
+		return out[a].rank < out[b].rank
+	})
+	res := make([]resourceapi.Device, len(out))
+	for i, k := range out {
+		res[i] = k.dev
+	}
+	return res
 }
 
 // uniqueNames refuses an inventory in which two devices, two counter sets,

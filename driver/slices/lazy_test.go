@@ -1,0 +1,169 @@
+package slices_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/tessera-dev/tessera/deviceclass"
+	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/lazymig"
+	"github.com/tessera-dev/tessera/driver/simulate"
+	"github.com/tessera-dev/tessera/driver/slices"
+	"github.com/tessera-dev/tessera/test/fixtures"
+)
+
+// lazyNode is a DGX H100 published lazily, with its claims prepared the
+// moment they are allocated (nothing in flight, so a withdrawal is never
+// early): after each change the node decides (lazymig) and republishes
+// (slices.Build), as the kubelet plugin does.
+type lazyNode struct {
+	t         *testing.T
+	inv       *inventory.Inventory
+	policy    lazymig.Policy
+	now       time.Time
+	published map[string]lazymig.State
+	c         *simulate.Cluster
+	held      map[string]int // device name -> claims holding it
+}
+
+func (n *lazyNode) republish() {
+	n.t.Helper()
+	partitioned, whole := map[string]bool{}, map[string]bool{}
+	for name, k := range n.held {
+		if k == 0 {
+			continue
+		}
+		d, _ := n.inv.Lookup(name)
+		if d.Kind == inventory.Partition {
+			partitioned[d.GPU.Name()] = true
+		} else {
+			whole[d.GPU.Name()] = true
+		}
+	}
+	var gpus []lazymig.GPU
+	for _, g := range n.inv.CounterSets {
+		gpus = append(gpus, lazymig.GPU{Name: g.Name(), Partitioned: partitioned[g.Name()], WholeHeld: whole[g.Name()], Published: n.published[g.Name()]})
+	}
+	d := lazymig.Decide(gpus, n.policy, n.now)
+	n.published = d.States
+	res, err := slices.Build(node, n.inv, slices.Options{Lazy: &d})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var out []*resourceapi.ResourceSlice
+	for _, s := range slices.Objects(node, res) {
+		out = append(out, &s)
+	}
+	n.c.Publish(out)
+}
+
+// TestLazyPublishingRefusesNothingThatFitsAndNeverOverlaps runs random
+// sequences of single-partition and whole-GPU claims and releases on a DGX
+// H100 published lazily, with the real allocator, beside the same node
+// publishing every partition. Each claim must fit lazily exactly when it
+// fits with every partition published (with one spare or more, lazy
+// publishing gives up nothing a one-device claim can ask), and what is
+// held never overlaps (inventory.Overlap, the prepare side's check).
+func TestLazyPublishingRefusesNothingThatFitsAndNeverOverlaps(t *testing.T) {
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
+	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: true})
+	var profiles []string
+	seen := map[string]bool{}
+	for _, d := range inv.Devices {
+		if d.Kind == inventory.Partition && !seen[d.Profile.Name] {
+			seen[d.Profile.Name] = true
+			profiles = append(profiles, d.Profile.Name)
+		}
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for seq := range 6 {
+		full := simulate.New(classes, publishedWith(t, profile(t, "dgx-h100"), true, inventory.Pack))
+		n := &lazyNode{t: t, inv: inv, policy: lazymig.Policy{Spares: 1 + seq%2, Grace: time.Minute}, now: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), c: simulate.New(classes, nil), held: map[string]int{}}
+		n.republish()
+		var held [][]resourceapi.AllocationResult
+		lazyFits := 0
+		for step := range 120 {
+			where := fmt.Sprintf("sequence %d (spares %d) step %d", seq, n.policy.Spares, step)
+			switch op := rng.IntN(10); {
+			case op < 6:
+				c := wholeClaim()
+				what := "a whole GPU"
+				if op < 5 {
+					what = profiles[rng.IntN(len(profiles))]
+					c = profileClaim(what)
+				}
+				lres := allocate(t, n.c, c)
+				fres := allocate(t, full, c)
+				if (lres == nil) != (fres == nil) {
+					t.Fatalf("%s: %s fits lazily: %v, with every partition published: %v (lazy publishes %v)", where, what, lres != nil, fres != nil, n.published)
+				}
+				if lres == nil {
+					continue
+				}
+				lazyFits++
+				dev := lres[0].Devices.Results[0].Device
+				d, _ := inv.Lookup(dev)
+				for other, k := range n.held {
+					if o, _ := inv.Lookup(other); k > 0 && inventory.Overlap(d, o) {
+						t.Fatalf("%s: %s was allocated %s, which overlaps %s, held", where, what, dev, other)
+					}
+				}
+				n.c.Commit(lres...)
+				full.Commit(lres...)
+				n.held[dev]++
+				held = append(held, lres)
+			case op < 9 && len(held) > 0:
+				i := rng.IntN(len(held))
+				r := held[i]
+				held = append(held[:i], held[i+1:]...)
+				n.c.Release(r...)
+				full.Release(r...)
+				n.held[r[0].Devices.Results[0].Device]--
+			default:
+				n.now = n.now.Add(time.Duration(rng.IntN(90)) * time.Second)
+			}
+			n.republish()
+		}
+		if lazyFits < 20 {
+			t.Fatalf("sequence %d: only %d claims fitted; the sequence tests little", seq, lazyFits)
+		}
+	}
+}
+
+// TestLazyPublishingPacksPartitions: a partition lands beside the node's
+// others before it opens the spare, whose index is above theirs.
+func TestLazyPublishingPacksPartitions(t *testing.T) {
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
+	n := &lazyNode{t: t, inv: inventory.Build(gpus, inventory.Options{DynamicMIG: true}), policy: lazymig.Policy{Spares: 1, Grace: time.Minute}, c: simulate.New(classes, nil), held: map[string]int{}}
+	n.republish()
+	var got []string
+	for range 7 {
+		res := allocate(t, n.c, profileClaim("1g.10gb"))
+		if res == nil {
+			t.Fatalf("a 1g.10gb did not fit after %v", got)
+		}
+		dev := res[0].Devices.Results[0].Device
+		d, _ := n.inv.Lookup(dev)
+		got = append(got, d.GPU.Name())
+		n.c.Commit(res...)
+		n.held[dev]++
+		n.republish()
+	}
+	for _, g := range got {
+		if g != "gpu-7" {
+			t.Fatalf("seven 1g.10gb went to %v, want all on gpu-7 (the first GPU partitioned)", got)
+		}
+	}
+}
