@@ -24,12 +24,23 @@ const (
 	//
 	// owner: tessera; beta: v0.1
 	DynamicMIG featuregate.Feature = "DynamicMIG"
+
+	// LazyMIG publishes, under DynamicMIG, the partitions only of the GPUs
+	// that hold one and of --mig-spare-gpus free ones, every whole GPU
+	// always (driver/lazymig): the scheduler's cost per pod grows with the
+	// devices a node publishes. A free GPU's partitions are withdrawn only
+	// after --mig-withdraw-grace under a NoSchedule taint. Needs device
+	// taints (DRADeviceTaints) on the API server and scheduler.
+	//
+	// owner: tessera; beta: v0.2
+	LazyMIG featuregate.Feature = "LazyMIG"
 )
 
 // defaults are the gates and their specs; add new gates here only.
 var defaults = map[featuregate.Feature]featuregate.FeatureSpec{
 	DeviceHealth: {Default: true, PreRelease: featuregate.Beta},
 	DynamicMIG:   {Default: true, PreRelease: featuregate.Beta},
+	LazyMIG:      {Default: true, PreRelease: featuregate.Beta},
 }
 
 // New returns a gate set holding all of Tessera's gates at their defaults.

@@ -38,6 +38,9 @@ type Driver struct {
 	// (partitionable devices, consumable capacity): the publisher then
 	// stops offering what needs them.
 	refused chan []string
+	// lazy is nil unless MIG partitions are published lazily; a prepare
+	// pins its devices there while it runs.
+	lazy *lazyMIG
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -61,6 +64,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	for _, c := range claims {
 		began := time.Now()
 		err := d.claims.Unprepare(ctx, c.UID)
+		if d.lazy != nil {
+			d.lazy.poke()
+		}
 		if err == nil {
 			err = d.domains.Unprepare(c.UID)
 		}
@@ -79,6 +85,9 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	if err := d.refuseLost(ctx, c); err != nil {
 		return nil, err
+	}
+	if d.lazy != nil {
+		defer d.lazy.pin(c)()
 	}
 	return d.claims.Prepare(ctx, c)
 }

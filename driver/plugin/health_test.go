@@ -347,18 +347,22 @@ func TestDeviceHealthGateOffReportsNotSupported(t *testing.T) {
 // one write. With dynamic MIG the device order (inventory.Pack: whole GPUs
 // first, then each profile across GPUs) spreads every GPU's devices over
 // several slices, so a taint on one GPU rewrites all of the node's slices.
+// Published lazily (LazyMIG, on by default) an empty DGX H100's 33 devices
+// fit one slice beside the counter sets: one write.
 func TestAHealthChangeRewritesEverySliceItsGPUSpans(t *testing.T) {
 	for _, tc := range []struct {
-		profile      string
-		devices      int
-		spanned      int // slices holding a device of GPU 1
-		wantRewrites int
+		name, profile string
+		gates         []string
+		devices       int
+		spanned       int // slices holding a device of GPU 1
+		wantRewrites  int
 	}{
-		{profile: "pcie-l4x4", devices: 4, spanned: 1, wantRewrites: 1},
-		{profile: "dgx-h100", devices: 208, spanned: 3, wantRewrites: 5},
+		{name: "pcie-l4x4", profile: "pcie-l4x4", devices: 4, spanned: 1, wantRewrites: 1},
+		{name: "dgx-h100-every-partition", profile: "dgx-h100", gates: []string{"LazyMIG=false"}, devices: 208, spanned: 3, wantRewrites: 5},
+		{name: "dgx-h100-lazily", profile: "dgx-h100", devices: 33, spanned: 1, wantRewrites: 1},
 	} {
-		t.Run(tc.profile, func(t *testing.T) {
-			h := startHealth(t, tc.profile)
+		t.Run(tc.name, func(t *testing.T) {
+			h := startHealth(t, tc.profile, tc.gates...)
 			published := h.awaitSlices("initial slices", func(m map[string][]string) bool { return len(m) == tc.devices })
 			h.awaitSliceController()
 			writes := func() int {

@@ -9,11 +9,13 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/component-base/featuregate"
+	"k8s.io/utils/clock"
 
 	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/imex"
+	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/sharing"
@@ -28,6 +30,14 @@ import (
 // the plugin asks is small (one claim, its own node's slices and daemon
 // pods), so 10 s is long even for a loaded API server.
 const DefaultKubeAPITimeout = 10 * time.Second
+
+// Lazy MIG publishing's defaults (--mig-spare-gpus, --mig-withdraw-grace):
+// one free GPU's partitions, as every single-partition claim needs; a grace
+// past the scheduler's default volume binding timeout (600 s).
+const (
+	DefaultMIGSpareGPUs     = 1
+	DefaultMIGWithdrawGrace = 15 * time.Minute
+)
 
 // Options are the kubelet plugin's settings, from flags with environment
 // fallbacks for the DaemonSet.
@@ -77,6 +87,13 @@ type Options struct {
 
 	// Health tunes device health monitoring (feature gate DeviceHealth).
 	Health health.Options
+	// MIGSpareGPUs and MIGWithdrawGrace tune lazy MIG publishing (feature
+	// gate LazyMIG, driver/lazymig).
+	MIGSpareGPUs     int
+	MIGWithdrawGrace time.Duration
+	// Clock times lazy MIG publishing's withdrawals; nil means the real
+	// clock. Not a flag.
+	Clock clock.WithTicker
 	// FeatureGates are Tessera's gates (package features); nil means all at
 	// their defaults.
 	FeatureGates featuregate.MutableFeatureGate
@@ -100,6 +117,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.IMEXImage, "imex-image", env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails. Environment: IMEX_IMAGE.")
 	fs.IntVar(&o.IMEXPort, "imex-port", 50000, "TCP port of the IMEX daemons (their SERVER_PORT), on the node's InternalIP; the same on every node.")
 	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
+	fs.IntVar(&o.MIGSpareGPUs, "mig-spare-gpus", DefaultMIGSpareGPUs, "With LazyMIG: how many free GPUs' MIG partitions each node publishes besides those of the GPUs already partitioned (0 means the default). A claim whose partitions must span more GPUs than are partitioned or spare cannot be allocated on the node; raise this for such claims (8 publishes every partition).")
+	fs.DurationVar(&o.MIGWithdrawGrace, "mig-withdraw-grace", DefaultMIGWithdrawGrace, "With LazyMIG: how long a freed GPU's partitions stay published under a NoSchedule taint before they are withdrawn. It must outlast the scheduler's longest binding cycle (VolumeBinding's bindTimeoutSeconds, 600 s by default) and the kubelet's time to prepare a bound pod: a partition allocated before the taint and prepared after the withdrawal would be invisible to the scheduler's counters.")
 	o.Health.AddFlags(fs)
 	if o.FeatureGates == nil {
 		o.FeatureGates = features.New()
@@ -143,6 +162,12 @@ func (o *Options) Validate() error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}
+	if o.MIGSpareGPUs < 0 {
+		return fmt.Errorf("--mig-spare-gpus %d: want 0 or more free GPUs whose partitions each node publishes", o.MIGSpareGPUs)
+	}
+	if o.MIGWithdrawGrace < 0 {
+		return fmt.Errorf("--mig-withdraw-grace %v: want a positive duration, longer than the scheduler's binding cycle", o.MIGWithdrawGrace)
+	}
 	if o.KubeAPITimeout < 0 {
 		return fmt.Errorf("--kube-api-timeout %v: want a positive duration", o.KubeAPITimeout)
 	}
@@ -180,6 +205,18 @@ func (o *Options) imexDaemons(client kubernetes.Interface, driverRoot string) *i
 		return nil
 	}
 	return &imex.Daemons{Host: daemonpod.Host{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: driverRoot}, Port: o.IMEXPort}
+}
+
+// lazyPolicy is lazy MIG publishing's policy, defaults for what is unset.
+func (o *Options) lazyPolicy() lazymig.Policy {
+	p := lazymig.Policy{Spares: o.MIGSpareGPUs, Grace: o.MIGWithdrawGrace}
+	if p.Spares == 0 {
+		p.Spares = DefaultMIGSpareGPUs
+	}
+	if p.Grace == 0 {
+		p.Grace = DefaultMIGWithdrawGrace
+	}
+	return p
 }
 
 // apiTimeout is the deadline of each request to the API server.

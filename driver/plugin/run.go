@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/component"
@@ -186,6 +187,13 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, err
 	}
 	d := &Driver{claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
+	if gates.Enabled(features.LazyMIG) && invOpts.DynamicMIG {
+		var clk clock.WithTicker = clock.RealClock{}
+		if o.Clock != nil {
+			clk = o.Clock
+		}
+		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr)
+	}
 	alive := func() error { return context.Cause(ctx) }
 	registered := newRegistration()
 	server, err := metricsserver.StartProbes(ctx, o.Addresses, metrics, metricsserver.Probes{Alive: alive, Ready: registered.ready})
@@ -256,8 +264,36 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 	if !p.registered.wait(ctx, wait) && ctx.Err() == nil {
 		klog.FromContext(ctx).Info("The kubelet has not registered the plugin yet; publishing the node's devices anyway", "waited", wait)
 	}
+	lazy := p.driver.lazy
+	var (
+		lazyWake <-chan struct{} // nil without lazy MIG: never ready
+		next     clock.Timer     // when a withdrawal's grace ends
+		nextC    <-chan time.Time
+	)
+	if lazy != nil {
+		lazyWake = lazy.wake
+		defer func() {
+			if next != nil {
+				next.Stop()
+			}
+		}()
+	}
 	publish := func() {
-		res, err := slices.Build(nodeName, inv, slices.Options{Taints: taints})
+		bopts := slices.Options{Taints: taints}
+		if lazy != nil && lazyMIGApplies(inv) {
+			dec, err := lazy.decideFor(ctx, inv, taints)
+			if err != nil {
+				// Nothing is withdrawn on an error; the wake retries.
+				p.driver.HandleError(ctx, fmt.Errorf("%w: %w", kubeletplugin.ErrRecoverable, err), "Deciding which MIG partitions to publish failed; retrying")
+				next, nextC = lazy.after(next, lazyRetry)
+				return
+			}
+			bopts.Lazy = &dec
+			if !dec.Next.IsZero() {
+				next, nextC = lazy.after(next, dec.Next.Sub(lazy.clock.Now()))
+			}
+		}
+		res, err := slices.Build(nodeName, inv, bopts)
 		if err == nil && first {
 			first = false
 			if _, perr := prepublish(ctx, client, nodeName, res); perr != nil {
@@ -289,7 +325,19 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 		case s := <-changes:
 			taints = s.Taints()
 			publish()
+		case <-lazyWake:
+			publish()
+		case <-nextC:
+			nextC = nil
+			publish()
 		case features := <-p.driver.refused:
+			if lazy != nil && dropsFields(features, "DRADeviceTaints") {
+				// Without device taints a withdrawal could not be
+				// announced: publish every partition instead.
+				klog.FromContext(ctx).Info("The API server does not serve device taints (DRADeviceTaints): publishing every MIG partition, as with --feature-gates=LazyMIG=false")
+				lazy, lazyWake, nextC = nil, nil, nil
+				publish()
+			}
 			was := opts
 			if dropsFields(features, "DRAPartitionableDevices") {
 				opts.DynamicMIG = false

@@ -1,0 +1,169 @@
+package plugin_test
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/lazymig"
+	"github.com/tessera-dev/tessera/driver/plugin"
+	"github.com/tessera-dev/tessera/test/kubeletsim"
+)
+
+// partitionsPerH100 is how many partitions dynamic MIG publishes per H100
+// (every profile at every placement NVML lists for it).
+const partitionsPerH100 = 25
+
+const lazyGrace = 10 * time.Minute
+
+func startLazy(t *testing.T) (*healthHarness, *testingclock.FakeClock) {
+	t.Helper()
+	clk := testingclock.NewFakeClock(healthStart)
+	h, n := startOnFakeNode(t, "dgx-h100", func(o *plugin.Options) {
+		o.Clock = clk
+		o.MIGWithdrawGrace = lazyGrace
+		o.Health = health.Options{QuietPeriod: 24 * time.Hour, ProbeInterval: time.Second, WaitTimeout: 10 * time.Millisecond, Clock: clk}
+	})
+	return &healthHarness{node: n, clock: clk, harness: h}, clk
+}
+
+var partitionOf = regexp.MustCompile(`^(gpu-\d+)-mig-`)
+
+// lazyState sums up what the slices publish: per GPU with partitions,
+// "open" when all of them are published without the withdrawal taint,
+// "closing" when all carry it, else what is odd about them.
+func lazyState(devices map[string][]string) map[string]string {
+	count, tainted := map[string]int{}, map[string]int{}
+	for name, taints := range devices {
+		m := partitionOf.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		count[m[1]]++
+		if slices.ContainsFunc(taints, func(t string) bool { return strings.HasPrefix(t, lazymig.TaintKey+"=") }) {
+			tainted[m[1]]++
+		}
+	}
+	out := map[string]string{}
+	for gpu, n := range count {
+		switch {
+		case n != partitionsPerH100:
+			out[gpu] = fmt.Sprintf("%d partitions", n)
+		case tainted[gpu] == 0:
+			out[gpu] = "open"
+		case tainted[gpu] == n:
+			out[gpu] = "closing"
+		default:
+			out[gpu] = fmt.Sprintf("%d of %d tainted", tainted[gpu], n)
+		}
+	}
+	return out
+}
+
+func (h *healthHarness) awaitLazy(step string, want map[string]string) {
+	h.t.Helper()
+	h.awaitSlices(fmt.Sprintf("%s: want partitions %v", step, want), func(m map[string][]string) bool {
+		return maps.Equal(lazyState(m), want) && len(m) == 8+partitionsPerH100*len(want)
+	})
+}
+
+// republished makes the plugin decide and publish again now, by a fault
+// on a whole GPU (never a spare: gpu-7 is), and checks what that publish
+// holds: waiting for an unchanged state alone would pass before the
+// plugin had decided anything.
+func (h *healthHarness) republished(step string, gpu int, want map[string]string) {
+	h.t.Helper()
+	if err := h.node.InjectXID(gpu, 48); err != nil {
+		h.t.Fatal(err)
+	}
+	name := fmt.Sprintf("gpu-%d", gpu)
+	h.awaitSlices(fmt.Sprintf("%s: want %s tainted", step, name), func(m map[string][]string) bool { return len(m[name]) > 0 })
+	taints, _ := h.publishedTaints()
+	if got := lazyState(taints); !maps.Equal(got, want) || len(taints) != 8+partitionsPerH100*len(want) {
+		h.t.Fatalf("%s: published partitions %v (%d devices), want %v", step, got, len(taints), want)
+	}
+}
+
+// closingSince is the withdrawal taint's time on gpu's partitions.
+func (h *healthHarness) closingSince(gpu string) time.Time {
+	h.t.Helper()
+	_, sl := h.publishedTaints()
+	for _, s := range sl {
+		for _, d := range s.Spec.Devices {
+			if !strings.HasPrefix(d.Name, gpu+"-mig-") {
+				continue
+			}
+			for _, t := range d.Taints {
+				if t.Key == lazymig.TaintKey && t.TimeAdded != nil {
+					return t.TimeAdded.Time
+				}
+			}
+		}
+	}
+	h.t.Fatalf("%s's partitions carry no withdrawal taint", gpu)
+	return time.Time{}
+}
+
+// TestLazyMIGFollowsTheNodesPartitions drives one DGX H100 through the
+// life of lazy publishing (driver/lazymig): the next GPU opens when one is
+// partitioned, a freed GPU is tainted and withdrawn only after the grace,
+// a partition prepared during the grace reopens it, a restart continues the
+// countdown the API shows, and a GPU held whole loses its partitions at
+// once.
+func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
+	h, clk := startLazy(t)
+	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+
+	prepare := func(c kubeletsim.Claim) {
+		t.Helper()
+		if _, errMsg := h.prepare(c); errMsg != "" {
+			t.Fatalf("prepare %s: %s", c.Name, errMsg)
+		}
+	}
+	unprepare := func(c kubeletsim.Claim) {
+		t.Helper()
+		resp, err := h.kubelet.Unprepare(h.ctx, c)
+		if err != nil || resp.Claims[string(c.UID)].GetError() != "" {
+			t.Fatalf("unprepare %s: %v %v", c.Name, err, resp)
+		}
+	}
+
+	a := h.claim("a", "gpu-7-mig-1g10gb-6")
+	prepare(a)
+	h.awaitLazy("a 1g on gpu-7", map[string]string{"gpu-7": "open", "gpu-6": "open"})
+
+	unprepare(a)
+	h.awaitLazy("a released", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	h.closingSince("gpu-6")
+
+	// Allocated on gpu-6 before the scheduler saw the taint, prepared now.
+	c := h.claim("c", "gpu-6-mig-2g20gb-4")
+	prepare(c)
+	h.awaitLazy("c 2g on the closing gpu-6", map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	unprepare(c)
+	h.awaitLazy("c released", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	since := h.closingSince("gpu-6")
+
+	// A restart continues the countdown the API shows.
+	clk.Step(lazyGrace / 2)
+	h.restart()
+	h.republished("after a restart", 0, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	if got := h.closingSince("gpu-6"); !got.Equal(since) {
+		t.Fatalf("after a restart gpu-6 is closing since %v, want the countdown the API showed, since %v", got, since)
+	}
+	clk.Step(lazyGrace/2 - time.Second)
+	h.republished("a second before the grace ends", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	clk.Step(time.Second)
+	h.awaitLazy("the grace is over", map[string]string{"gpu-7": "open"})
+
+	b := h.claim("b", "gpu-7")
+	prepare(b)
+	h.awaitLazy("gpu-7 held whole", map[string]string{"gpu-6": "open"})
+}
