@@ -3,10 +3,13 @@ package e2e
 import (
 	"slices"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/tessera-dev/tessera/driver/lazymig"
+	"github.com/tessera-dev/tessera/driver/plugin"
 	tslices "github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/test/fixtures"
 )
@@ -17,25 +20,29 @@ import (
 // the same pool laid out otherwise, named and counted as the plugin's slice
 // controller would.
 
-// lazyShape is what a node would publish if partitions were published
-// lazily, before any GPU is partitioned: every whole GPU (each still drawing
-// on its counter set, so that partitions published later cannot overlap an
-// allocated whole GPU), every counter set, and only the last GPU's
-// partitions (first-fit whole-GPU allocation reaches it last). It is the
-// least a node can publish and still offer every profile. It is static:
-// nothing republishes it as pods are allocated, as the plugin would, so a
-// node takes at most one GPU's partitions, and a full node still lists them.
+// lazyShape is what LazyMIG (on by default) publishes on a node before any
+// GPU is partitioned: every whole GPU (each still drawing on its counter set,
+// so that partitions published later cannot overlap an allocated whole GPU),
+// every counter set, and the partitions of the spares driver/lazymig picks
+// with the plugin's default policy (one: the last GPU, which first-fit
+// whole-GPU allocation reaches last). It is static: the benchmark's nodes
+// have no kubelet to prepare claims, so nothing republishes it as pods are
+// allocated, as the plugin does; a node takes at most the spare's
+// partitions, and a full node still lists them.
 func lazyShape(t testing.TB, pool []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
 	devices, counters := split(pool)
-	last := ""
+	var gpus []lazymig.GPU
 	for _, d := range devices {
 		if d.ConsumesCounters != nil && !isPartition(d) {
-			last = d.ConsumesCounters[0].CounterSet
+			gpus = append(gpus, lazymig.GPU{Name: d.ConsumesCounters[0].CounterSet})
 		}
 	}
+	decided := lazymig.Decide(gpus, lazymig.Policy{Spares: plugin.DefaultMIGSpareGPUs, Grace: plugin.DefaultMIGWithdrawGrace}, time.Now())
 	var kept []resourceapi.Device
 	for _, d := range devices {
-		if !isPartition(d) || d.ConsumesCounters[0].CounterSet == last {
+		if !isPartition(d) {
+			kept = append(kept, d)
+		} else if _, published := decided.States[d.ConsumesCounters[0].CounterSet]; published {
 			kept = append(kept, d)
 		}
 	}
