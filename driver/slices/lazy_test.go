@@ -167,3 +167,44 @@ func TestLazyPublishingPacksPartitions(t *testing.T) {
 		}
 	}
 }
+
+// TestAWholeGPUTakenWhileClosedBlocksItsPartitionsWhenTheyOpen: published
+// lazily, a GPU whose partitions are not published offers a whole device
+// that draws on no counters. The plugin may open its partitions before it
+// learns that the scheduler allocated that whole device (a prepare comes
+// after the allocation): the scheduler, working out what allocated devices
+// consume from the devices as published now, must then refuse every
+// partition of it. The real allocator decides here, over every partition.
+func TestAWholeGPUTakenWhileClosedBlocksItsPartitionsWhenTheyOpen(t *testing.T) {
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
+	n := &lazyNode{t: t, inv: inventory.Build(gpus, inventory.Options{DynamicMIG: true}), policy: lazymig.Policy{Spares: 1, Grace: time.Minute}, c: simulate.New(classes, nil), held: map[string]int{}}
+	n.republish()
+	res := allocate(t, n.c, wholeClaim())
+	if res == nil || res[0].Devices.Results[0].Device != "gpu-0" {
+		t.Fatalf("a whole GPU on an empty node: %v, want gpu-0", res)
+	}
+	n.c.Commit(res...)
+	// The plugin has not seen the allocation and opens every GPU.
+	n.policy.Spares = 8
+	n.republish()
+	if _, open := n.published["gpu-0"]; !open {
+		t.Fatalf("gpu-0's partitions are not published: %v", n.published)
+	}
+	for _, prof := range []string{"1g.10gb", "3g.40gb", "7g.80gb"} {
+		for {
+			res := allocate(t, n.c, profileClaim(prof))
+			if res == nil {
+				break
+			}
+			d, _ := n.inv.Lookup(res[0].Devices.Results[0].Device)
+			if d.GPU.Name() == "gpu-0" {
+				t.Fatalf("%s was allocated on gpu-0, which is allocated whole", d.Name)
+			}
+			n.c.Commit(res...)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -125,6 +126,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 	}
 	devices := make([]resourceapi.Device, 0, len(inv.Devices))
 	limits := limitsByGPU{} // counterLimits, worked out once per GPU
+	counted := countedGPUs(inv, opts.Lazy)
 	for _, d := range inv.Devices {
 		var dev resourceapi.Device
 		if d.Kind == inventory.Whole {
@@ -134,7 +136,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		} else {
 			dev = MIGDevice(d)
 		}
-		if d.Counters != "" {
+		if d.Counters != "" && counted(d.GPU.Name()) {
 			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, limits.of(d.GPU.MIG))}}
 		}
 		if t := opts.Taints[d.GPU.Name()]; len(t) > 0 {
@@ -149,7 +151,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		devices = lazily(inv, devices, *opts.Lazy)
 	}
 	out := chunk(devices)
-	for sets := counterSets(inv, limits); len(sets) > 0; {
+	for sets := counterSets(inv, limits, counted); len(sets) > 0; {
 		n := min(MaxCounterSetsPerSlice, len(sets))
 		out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
 		sets = sets[n:]
@@ -161,15 +163,62 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 	}, nil
 }
 
+// LazyGPUs names the GPUs lazy publishing applies to, in the inventory's
+// GPU order: those that offer their whole device beside their partitions
+// (dynamic MIG on a GPU that switches MIG mode without a reset). A GPU in
+// MIG mode for good offers nothing but its partitions, always published.
+func LazyGPUs(inv *inventory.Inventory) []string {
+	var out []string
+	for _, d := range inv.Devices {
+		if d.Kind == inventory.Whole && d.Counters != "" {
+			out = append(out, d.GPU.Name())
+		}
+	}
+	return out
+}
+
+// Unheld is what lazy publishing decides for a node that holds nothing and
+// has published nothing: the spares' partitions alone. It is what a fresh
+// node publishes, what `tessera inspect` shows and what the benchmarks'
+// nodes publish.
+func Unheld(inv *inventory.Inventory, p lazymig.Policy) lazymig.Decision {
+	var gpus []lazymig.GPU
+	for _, g := range LazyGPUs(inv) {
+		gpus = append(gpus, lazymig.GPU{Name: g})
+	}
+	return lazymig.Decide(gpus, p, time.Time{})
+}
+
+// countedGPUs says which GPUs' devices draw on their counter set. Published
+// lazily, a GPU whose partitions are not published offers its whole device
+// alone: it needs no counters, nor its counter set, until its partitions
+// are published again, and then its whole device draws on them in the same
+// write. The scheduler works out what allocated devices consume from the
+// devices as published now, so a whole GPU allocated while it drew on
+// nothing blocks its partitions the moment they appear; the reverse, a
+// partition allocated and then withdrawn, is what driver/lazymig guards.
+// Every other GPU's devices draw on their counter set.
+func countedGPUs(inv *inventory.Inventory, d *lazymig.Decision) func(gpu string) bool {
+	if d == nil {
+		return func(string) bool { return true }
+	}
+	lazy := map[string]bool{}
+	for _, g := range LazyGPUs(inv) {
+		lazy[g] = true
+	}
+	return func(gpu string) bool {
+		_, published := d.States[gpu]
+		return published || !lazy[gpu]
+	}
+}
+
 // lazily keeps the partitions of the GPUs d publishes, tainted while they
 // are withdrawn, and orders each profile's by d.Order; devices are in the
 // inventory's order (whole GPUs first, then each profile's partitions).
 func lazily(inv *inventory.Inventory, devices []resourceapi.Device, d lazymig.Decision) []resourceapi.Device {
 	whole := map[string]bool{}
-	for _, dev := range inv.Devices {
-		if dev.Kind == inventory.Whole && dev.Counters != "" {
-			whole[dev.GPU.Name()] = true
-		}
+	for _, g := range LazyGPUs(inv) {
+		whole[g] = true
 	}
 	rank := map[string]int{}
 	for i, name := range d.Order {
