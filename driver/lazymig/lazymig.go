@@ -10,17 +10,18 @@
 // partition's use of its GPU's counters only while the partition is
 // published: withdraw one that a claim was just allocated (and the plugin
 // has not prepared yet) and the scheduler may hand out the whole GPU over
-// it. Two cases are safe, and Decide withdraws only in them:
+// it. Decide withdraws in two cases only:
 //
 //   - The GPU's whole device is held: no partition of it can be allocated
 //     while the whole is, so none is in flight.
 //   - The GPU is free and its partitions have been published with a
 //     NoSchedule taint (Closing) for the grace period, and no partition of
 //     it was prepared since: the scheduler stopped allocating them when it
-//     saw the taint, and the grace outlasts any allocation made before
-//     (its binding cycle and the kubelet's prepare). The taint's TimeAdded,
-//     as the API shows it, is when closing began, so a restarted plugin, or
-//     the other instance in a rolling update, continues the same countdown.
+//     saw the taint, and the grace outlasts the binding of what it had
+//     allocated before. The kubelet plugin checks, before it withdraws,
+//     that the API has shown the taint that long and that no claim in the
+//     API is allocated one of the partitions (a pod waiting for a volume
+//     is prepared late, a claim tolerating the taint allocated late).
 //
 // A GPU that holds a partition is always published without the taint; a
 // prepare of a partition that is not published (it raced a withdrawal)
@@ -78,6 +79,11 @@ type Policy struct {
 	// scheduler's longest binding cycle plus the kubelet's time to prepare.
 	Grace time.Duration
 }
+
+// DefaultPolicy is the kubelet plugin's default: one spare, as every
+// single-partition claim needs, and a grace past the scheduler's default
+// volume binding timeout (600 s), the longest its binding cycle waits.
+var DefaultPolicy = Policy{Spares: 1, Grace: 15 * time.Minute}
 
 // Decision is what to publish, and when to decide again.
 type Decision struct {

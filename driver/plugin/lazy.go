@@ -3,12 +3,15 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -18,12 +21,28 @@ import (
 	"github.com/tessera-dev/tessera/driver/slices"
 )
 
-// lazyMIG feeds driver/lazymig for the publish loop: what the node holds
-// (the checkpoint, read from disk in a rolling update, and the prepares in
-// flight), what it published last, and when to decide again. Before it
-// withdraws a free GPU's partitions it reads the node's slices and checks
-// that the API has shown the withdrawal taint for the whole grace period;
-// a countdown the scheduler has not seen starts again from what it saw.
+// lazyMIG feeds driver/lazymig for the publish loop. What the node holds is
+// the checkpoint (from disk in a rolling update), the prepares in flight
+// (pins) and, before every withdrawal, the claims the API server has
+// allocated on the node, prepared or not. What is published is
+// what this instance published last, joined with what the API shows (a
+// watch of the node's slices): partitions another instance published (a
+// rolling update) count as published, so they too are withdrawn only
+// through the taint and the grace.
+//
+// The safety rules, on top of driver/lazymig's:
+//   - At start, what the API publishes counts as published (so a restart
+//     goes on with the countdowns the API shows), every partition if the
+//     pool is being rewritten, and a GPU with a partition a claim in the
+//     API is allocated counts as partitioned. The kubelet deletes a node's
+//     slices when it restarts and when the plugin has been gone for a
+//     while: the scheduler allocates nothing from them then, and what was
+//     allocated before is in the claims.
+//   - A free GPU's partitions are withdrawn only if the API has shown them
+//     tainted for the whole grace and no claim in the API is allocated one
+//     of them: a claim allocated but not prepared (its pod waits for a
+//     volume, or tolerates the taint) keeps its GPU published.
+//   - When a decision fails, the last one stands: nothing is withdrawn.
 type lazyMIG struct {
 	policy lazymig.Policy
 	clock  clock.WithTicker
@@ -31,17 +50,20 @@ type lazyMIG struct {
 	node   string
 	claims *prepare.Manager
 	// wake asks the publish loop to decide again (a prepare began or
-	// ended); buffered, one pending wake is enough.
+	// ended, the node's slices changed); one pending wake is enough.
 	wake chan struct{}
+	// sliceInformer watches the node's slices; nil until watch starts.
+	sliceInformer cache.SharedIndexInformer
 
 	mu sync.Mutex
 	// pins counts the prepares in flight per device name: their devices
 	// are held before the checkpoint says so.
 	pins map[string]int
-	// last is what the loop published last, by GPU name.
+
+	// The publish loop's own (one goroutine):
+	// last is what it published last, by GPU name; nil before the first
+	// decision.
 	last map[string]lazymig.State
-	// started: last was read from the API (the loop's goroutine only).
-	started bool
 }
 
 func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager) *lazyMIG {
@@ -54,6 +76,26 @@ func (l *lazyMIG) poke() {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// watch starts watching the node's slices until ctx ends; every change asks
+// for a decision.
+func (l *lazyMIG) watch(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(l.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = "spec.driver=" + slices.DriverName + ",spec.nodeName=" + l.node
+	}))
+	inf := factory.Resource().V1().ResourceSlices().Informer()
+	poke := func(any) { l.poke() }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { l.poke() }, DeleteFunc: poke}); err != nil {
+		return fmt.Errorf("watch the node's slices: %w", err)
+	}
+	l.sliceInformer = inf
+	factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+	return nil
 }
 
 // pin holds the node's devices a claim was allocated while it is prepared,
@@ -93,64 +135,165 @@ func (l *lazyMIG) devices(c *resourceapi.ResourceClaim) []string {
 	return out
 }
 
-// start reads what the node's slices publish now (a restart, an upgrade
-// from publishing every partition), so that the first decision withdraws
-// nothing without its grace.
-func (l *lazyMIG) start(ctx context.Context, inv *inventory.Inventory) error {
-	shown, err := l.shown(ctx, inv)
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	l.last = shown
-	l.mu.Unlock()
-	return nil
-}
-
-// shown reads the node's slices: the GPUs whose partitions the API
-// publishes, and since when each carries the withdrawal taint.
-func (l *lazyMIG) shown(ctx context.Context, inv *inventory.Inventory) (map[string]lazymig.State, error) {
-	list, err := l.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + slices.DriverName + ",spec.nodeName=" + l.node})
-	if err != nil {
-		return nil, fmt.Errorf("list the node's slices: %w", err)
-	}
+// shown is what the API shows of the node's pool (its newest generation):
+// by GPU, whether its partitions are published, and, when every one of them
+// carries the withdrawal taint, the latest time the taint says it was
+// added. complete says whether that generation's slices are all there (a
+// pool being rewritten is not).
+func (l *lazyMIG) shown(inv *inventory.Inventory) (_ map[string]lazymig.State, complete bool) {
+	var objs []*resourceapi.ResourceSlice
 	var gen int64
-	for _, s := range list.Items {
-		if s.Spec.Pool.Name == l.node {
+	for _, o := range l.sliceInformer.GetStore().List() {
+		if s, ok := o.(*resourceapi.ResourceSlice); ok && s.Spec.Pool.Name == l.node {
+			objs = append(objs, s)
 			gen = max(gen, s.Spec.Pool.Generation)
 		}
 	}
-	out := map[string]lazymig.State{}
-	for _, s := range list.Items {
-		if s.Spec.Pool.Name != l.node || s.Spec.Pool.Generation != gen {
+	published, tainted := map[string]int{}, map[string]int{}
+	since := map[string]time.Time{}
+	var count, want int64
+	for _, s := range objs {
+		if s.Spec.Pool.Generation != gen {
 			continue
 		}
+		count++
+		want = s.Spec.Pool.ResourceSliceCount
 		for _, d := range s.Spec.Devices {
 			dev, ok := inv.Lookup(d.Name)
 			if !ok || dev.Kind != inventory.Partition {
 				continue
 			}
-			st := out[dev.GPU.Name()]
-			st.Open = true
+			g := dev.GPU.Name()
+			published[g]++
 			for _, t := range d.Taints {
-				if t.Key == lazymig.TaintKey && t.TimeAdded != nil && (st.Closing.IsZero() || t.TimeAdded.Before(&metav1.Time{Time: st.Closing})) {
-					st.Closing = t.TimeAdded.UTC()
+				if t.Key == lazymig.TaintKey && t.TimeAdded != nil {
+					tainted[g]++
+					if t.TimeAdded.After(since[g]) {
+						since[g] = t.TimeAdded.UTC()
+					}
+					break
 				}
 			}
-			out[dev.GPU.Name()] = st
 		}
 	}
-	return out, nil
+	out := map[string]lazymig.State{}
+	for g, n := range published {
+		st := lazymig.State{Open: true}
+		if tainted[g] == n {
+			st.Closing = since[g]
+		}
+		out[g] = st
+	}
+	return out, count == want
 }
 
-// decide says what to publish now. unhealthy names the GPUs with health
-// taints.
-func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, unhealthy func(gpu string) bool) (lazymig.Decision, error) {
+// allocatedInAPI lists the claims the API server has allocated a partition
+// of this node, prepared or not, and names their GPUs.
+func (l *lazyMIG) allocatedInAPI(ctx context.Context, inv *inventory.Inventory) (map[string]bool, error) {
+	out := map[string]bool{}
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := l.client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list the allocated claims: %w", err)
+		}
+		for i := range list.Items {
+			for _, name := range l.devices(&list.Items[i]) {
+				if dev, ok := inv.Lookup(name); ok && dev.Kind == inventory.Partition {
+					out[dev.GPU.Name()] = true
+				}
+			}
+		}
+		if list.Continue == "" {
+			return out, nil
+		}
+		opts.Continue = list.Continue
+	}
+}
+
+// decideFor is the publish loop's decision, given the health taints.
+func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taints map[string][]resourceapi.DeviceTaint) (lazymig.Decision, error) {
+	if !cache.WaitForCacheSync(ctx.Done(), l.sliceInformer.HasSynced) {
+		return lazymig.Decision{}, fmt.Errorf("watch the node's slices: %w", context.Cause(ctx))
+	}
+	gpus := slices.LazyGPUs(inv)
+	var allocated map[string]bool
+	if l.last == nil {
+		// At start: what the API publishes counts as published, all of it
+		// if the pool is being rewritten; and a claim allocated on the
+		// node holds its GPU, prepared or not (the kubelet may not have
+		// asked yet, or asked the instance before this one).
+		var err error
+		if allocated, err = l.allocatedInAPI(ctx, inv); err != nil {
+			return lazymig.Decision{}, err
+		}
+		shown, complete := l.shown(inv)
+		l.last = map[string]lazymig.State{}
+		for _, g := range gpus {
+			if s, ok := shown[g]; ok {
+				l.last[g] = s
+			} else if !complete {
+				l.last[g] = lazymig.State{Open: true}
+			}
+		}
+	}
+	d, in, err := l.decide(ctx, inv, gpus, allocated, func(gpu string) bool { return len(taints[gpu]) > 0 })
+	if err != nil {
+		return lazymig.Decision{}, err
+	}
+	if withdrawn := expired(in, d); len(withdrawn) > 0 {
+		// Withdraw only what the API has shown tainted for the whole
+		// grace, and no claim in the API holds.
+		allocated, err := l.allocatedInAPI(ctx, inv)
+		if err != nil {
+			return lazymig.Decision{}, fmt.Errorf("check the node's claims before withdrawing partitions: %w", err)
+		}
+		shown, _ := l.shown(inv)
+		now := l.clock.Now()
+		recheck := false
+		for i, g := range in {
+			if !withdrawn[g.Name] {
+				continue
+			}
+			s := shown[g.Name]
+			switch {
+			case allocated[g.Name] || !s.IsClosing():
+				// A claim holds one (its pod not started yet), or the API
+				// does not show the taint yet: keep the taint and count
+				// again from now.
+				in[i].Published = lazymig.State{Open: true, Closing: now.Round(time.Second).UTC()}
+			case now.Before(s.Closing.Add(l.policy.Grace)):
+				in[i].Published = s // the countdown the scheduler saw
+			default:
+				continue
+			}
+			recheck = true
+			klog.FromContext(ctx).V(2).Info("Not withdrawing a GPU's partitions yet", "gpu", g.Name, "allocatedInAPI", allocated[g.Name], "shown", s)
+		}
+		if recheck {
+			d = lazymig.Decide(in, l.policy, now)
+		}
+	}
+	l.last = d.States
+	return d, nil
+}
+
+// decide gathers Decide's input and decides once.
+// alsoHeld names GPUs held besides what the node prepared.
+func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []string, alsoHeld map[string]bool, unhealthy func(gpu string) bool) (lazymig.Decision, []lazymig.GPU, error) {
+	// Pins first: a prepare that ends in between is then in the
+	// checkpoint read after.
+	l.mu.Lock()
+	pins := maps.Clone(l.pins)
+	l.mu.Unlock()
 	held, err := l.claims.Snapshot(ctx)
 	if err != nil {
-		return lazymig.Decision{}, fmt.Errorf("read the prepared claims: %w", err)
+		return lazymig.Decision{}, nil, fmt.Errorf("read the prepared claims: %w", err)
 	}
-	partitioned, whole := map[string]bool{}, map[string]bool{}
+	partitioned, whole := maps.Clone(alsoHeld), map[string]bool{}
+	if partitioned == nil {
+		partitioned = map[string]bool{}
+	}
 	mark := func(name string, exclusive bool) {
 		dev, ok := inv.Lookup(name)
 		switch {
@@ -178,54 +321,30 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, unhealth
 			}
 		}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for name := range l.pins {
+	for name := range pins {
 		// A prepare in flight holds a partition already; a whole GPU's
-		// partitions stay until the checkpoint says it is held exclusively.
+		// partitions stay until the checkpoint says it is held.
 		mark(name, false)
 	}
-	var gpus []lazymig.GPU
-	for _, g := range switchable(inv) {
-		gpus = append(gpus, lazymig.GPU{Name: g, Partitioned: partitioned[g], WholeHeld: whole[g], Unhealthy: unhealthy(g), Published: l.last[g]})
+	shown, _ := l.shown(inv)
+	in := make([]lazymig.GPU, 0, len(gpus))
+	for _, g := range gpus {
+		pub := l.last[g]
+		if s := shown[g]; s.Open && !s.IsClosing() && !pub.Open {
+			// Published by another instance (a rolling update): withdraw
+			// it only through the taint and the grace, as if ours. (A
+			// tainted one the API still shows after our withdrawal is the
+			// write on its way, not news.)
+			pub = lazymig.State{Open: true}
+		}
+		in = append(in, lazymig.GPU{Name: g, Partitioned: partitioned[g], WholeHeld: whole[g], Unhealthy: unhealthy(g), Published: pub})
 	}
-	now := l.clock.Now()
-	d := lazymig.Decide(gpus, l.policy, now)
-	if withdrawn := l.expired(gpus, d); len(withdrawn) > 0 {
-		// Withdraw only what the API has shown tainted for the grace.
-		shown, err := l.shown(ctx, inv)
-		if err != nil {
-			return lazymig.Decision{}, fmt.Errorf("check the withdrawal taints before withdrawing partitions: %w", err)
-		}
-		recheck := false
-		for i, g := range gpus {
-			if !withdrawn[g.Name] {
-				continue
-			}
-			s := shown[g.Name]
-			if s.IsClosing() && !now.Before(s.Closing.Add(l.policy.Grace)) {
-				continue
-			}
-			recheck = true
-			if s.IsClosing() {
-				gpus[i].Published = s // the countdown the scheduler saw
-			} else {
-				// Not shown yet: keep the taint, count from now.
-				gpus[i].Published = lazymig.State{Open: true, Closing: now.Round(time.Second).UTC()}
-			}
-			klog.FromContext(ctx).V(2).Info("Not withdrawing a GPU's partitions yet: the API has not shown their taint for the grace period", "gpu", g.Name, "shown", s)
-		}
-		if recheck {
-			d = lazymig.Decide(gpus, l.policy, now)
-		}
-	}
-	l.last = d.States
-	return d, nil
+	return lazymig.Decide(in, l.policy, l.clock.Now()), in, nil
 }
 
 // expired names the free GPUs whose partitions were published being
 // withdrawn and that d withdraws.
-func (l *lazyMIG) expired(gpus []lazymig.GPU, d lazymig.Decision) map[string]bool {
+func expired(gpus []lazymig.GPU, d lazymig.Decision) map[string]bool {
 	out := map[string]bool{}
 	for _, g := range gpus {
 		if _, kept := d.States[g.Name]; !kept && g.Published.IsClosing() && !g.WholeHeld {
@@ -235,24 +354,12 @@ func (l *lazyMIG) expired(gpus []lazymig.GPU, d lazymig.Decision) map[string]boo
 	return out
 }
 
-// switchable names the GPUs that offer both their whole device and their
-// partitions, in index order: the GPUs lazy publishing applies to.
-func switchable(inv *inventory.Inventory) []string {
-	var out []string
-	for _, g := range inv.CounterSets {
-		if g.MIGSwitchable {
-			out = append(out, g.Name())
-		}
-	}
-	return out
-}
-
 // lazyRetry is how soon a failed decision (the checkpoint or the API
-// unreadable) is tried again; until then nothing changes.
+// unreadable) is tried again; until then the last decision stands.
 const lazyRetry = 5 * time.Second
 
 // lazyMIGApplies says whether the node has GPUs lazy publishing applies to.
-func lazyMIGApplies(inv *inventory.Inventory) bool { return len(switchable(inv)) > 0 }
+func lazyMIGApplies(inv *inventory.Inventory) bool { return len(slices.LazyGPUs(inv)) > 0 }
 
 // after (re)arms t to fire in d, returning it and its channel.
 func (l *lazyMIG) after(t clock.Timer, d time.Duration) (clock.Timer, <-chan time.Time) {
@@ -264,16 +371,4 @@ func (l *lazyMIG) after(t clock.Timer, d time.Duration) (clock.Timer, <-chan tim
 		t.Reset(d)
 	}
 	return t, t.C()
-}
-
-// decideFor is the publish loop's decision, given the health taints; the
-// first one starts from what the API publishes now.
-func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taints map[string][]resourceapi.DeviceTaint) (lazymig.Decision, error) {
-	if !l.started {
-		if err := l.start(ctx, inv); err != nil {
-			return lazymig.Decision{}, err
-		}
-		l.started = true
-	}
-	return l.decide(ctx, inv, func(gpu string) bool { return len(taints[gpu]) > 0 })
 }

@@ -9,11 +9,14 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/plugin"
+	tslices "github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/test/kubeletsim"
 )
 
@@ -113,10 +116,12 @@ func (h *healthHarness) closingSince(gpu string) time.Time {
 
 // TestLazyMIGFollowsTheNodesPartitions drives one DGX H100 through the
 // life of lazy publishing (driver/lazymig): the next GPU opens when one is
-// partitioned, a freed GPU is tainted and withdrawn only after the grace,
-// a partition prepared during the grace reopens it, a restart continues the
-// countdown the API shows, and a GPU held whole loses its partitions at
-// once.
+// partitioned; a freed GPU is tainted, and withdrawn only after the grace
+// and only if no claim in the API is still allocated one of its partitions;
+// a partition prepared during the grace reopens it; a restart keeps the
+// countdown the API shows, and, when the API shows nothing, publishes the
+// partitions of GPUs that claims in the API are allocated; a GPU held whole
+// loses its partitions at once.
 func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 	h, clk := startLazy(t)
 	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
@@ -134,12 +139,18 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 			t.Fatalf("unprepare %s: %v %v", c.Name, err, resp)
 		}
 	}
+	deleteClaim := func(c kubeletsim.Claim) {
+		t.Helper()
+		if err := h.client.ResourceV1().ResourceClaims(c.Namespace).Delete(h.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	a := h.claim("a", "gpu-7-mig-1g10gb-6")
 	prepare(a)
 	h.awaitLazy("a 1g on gpu-7", map[string]string{"gpu-7": "open", "gpu-6": "open"})
-
 	unprepare(a)
+	deleteClaim(a)
 	h.awaitLazy("a released", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
 	h.closingSince("gpu-6")
 
@@ -147,11 +158,20 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 	c := h.claim("c", "gpu-6-mig-2g20gb-4")
 	prepare(c)
 	h.awaitLazy("c 2g on the closing gpu-6", map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	// Unprepared, but still allocated in the API (as a claim whose pod
+	// waits to start is): the grace ends without a withdrawal, and counts
+	// again.
 	unprepare(c)
-	h.awaitLazy("c released", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	h.awaitLazy("c unprepared", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
 	since := h.closingSince("gpu-6")
+	clk.Step(lazyGrace)
+	h.awaitSlices("the grace counted again while c is allocated", func(m map[string][]string) bool {
+		return maps.Equal(lazyState(m), map[string]string{"gpu-7": "open", "gpu-6": "closing"}) && h.closingSince("gpu-6").After(since)
+	})
+	since = h.closingSince("gpu-6")
+	deleteClaim(c)
 
-	// A restart continues the countdown the API shows.
+	// A restart goes on with the countdown the API shows.
 	clk.Step(lazyGrace / 2)
 	h.restart()
 	h.republished("after a restart", 0, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
@@ -163,7 +183,48 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 	clk.Step(time.Second)
 	h.awaitLazy("the grace is over", map[string]string{"gpu-7": "open"})
 
+	// A restart after the kubelet deleted the node's slices: a claim
+	// allocated a partition of gpu-5 that the kubelet has not asked to
+	// prepare keeps gpu-5's partitions published.
+	h.claim("r", "gpu-5-mig-3g40gb-4")
+	h.stopAndForgetSlices()
+	h.restart()
+	h.awaitLazy("a restart with a claim allocated on gpu-5", map[string]string{"gpu-7": "open", "gpu-5": "open"})
+
 	b := h.claim("b", "gpu-7")
 	prepare(b)
-	h.awaitLazy("gpu-7 held whole", map[string]string{"gpu-6": "open"})
+	h.awaitLazy("gpu-7 held whole", map[string]string{"gpu-6": "open", "gpu-5": "closing"})
+}
+
+// TestPartitionsAnotherInstancePublishedAreWithdrawnOnlyAfterTheGrace: in a
+// rolling update two instances publish the node's pool; partitions the
+// other one published (here written straight into the API) count as
+// published, so this one taints them and waits rather than drop them.
+func TestPartitionsAnotherInstancePublishedAreWithdrawnOnlyAfterTheGrace(t *testing.T) {
+	h, _ := startLazy(t)
+	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+	res, err := tslices.Build(nodeName, h.plugin.Manager().Inventory(), tslices.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpu4 []resourceapi.Device
+	for _, s := range res.Pools[nodeName].Slices {
+		for _, d := range s.Devices {
+			if strings.HasPrefix(d.Name, "gpu-4-mig-") {
+				gpu4 = append(gpu4, d)
+			}
+		}
+	}
+	_, published := h.publishedTaints()
+	for _, s := range published {
+		if len(s.Spec.Devices) == 0 {
+			continue
+		}
+		s.Spec.Devices = append(s.Spec.Devices, gpu4...)
+		if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		break
+	}
+	h.awaitLazy("gpu-4's partitions published by another instance", map[string]string{"gpu-7": "open", "gpu-4": "closing"})
 }

@@ -31,12 +31,11 @@ import (
 // pods), so 10 s is long even for a loaded API server.
 const DefaultKubeAPITimeout = 10 * time.Second
 
-// Lazy MIG publishing's defaults (--mig-spare-gpus, --mig-withdraw-grace):
-// one free GPU's partitions, as every single-partition claim needs; a grace
-// past the scheduler's default volume binding timeout (600 s).
-const (
-	DefaultMIGSpareGPUs     = 1
-	DefaultMIGWithdrawGrace = 15 * time.Minute
+// Lazy MIG publishing's defaults (--mig-spare-gpus, --mig-withdraw-grace;
+// lazymig.DefaultPolicy says why).
+var (
+	DefaultMIGSpareGPUs     = lazymig.DefaultPolicy.Spares
+	DefaultMIGWithdrawGrace = lazymig.DefaultPolicy.Grace
 )
 
 // Options are the kubelet plugin's settings, from flags with environment

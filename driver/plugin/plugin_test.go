@@ -200,8 +200,9 @@ func TestPluginRegistersAndPublishes(t *testing.T) {
 	if h.kubelet.Info.Name != driverName {
 		t.Errorf("registered as %q", h.kubelet.Info.Name)
 	}
-	// Dynamic MIG (on by default): 8 whole GPUs and their partitions in
-	// slices of at most 64 devices, plus one slice of counter sets.
+	// Dynamic MIG, published lazily (both on by default): 8 whole GPUs and
+	// the spare's 25 partitions in one slice, plus a slice holding the
+	// spare's counter set alone.
 	var devices, counterSets, slices int
 	var want int64
 	deadline := time.Now().Add(10 * time.Second)
@@ -224,7 +225,7 @@ func TestPluginRegistersAndPublishes(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if int64(slices) != want || counterSets != 8 || devices <= 8 {
+	if int64(slices) != want || slices != 2 || counterSets != 1 || devices != 8+25 {
 		t.Fatalf("published %d of %d slices with %d devices and %d counter sets", slices, want, devices, counterSets)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/hostnodes"
 	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/nodelock"
@@ -269,9 +270,16 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 		lazyWake <-chan struct{} // nil without lazy MIG: never ready
 		next     clock.Timer     // when a withdrawal's grace ends
 		nextC    <-chan time.Time
+		decided  *lazymig.Decision // the last decision published
 	)
 	if lazy != nil {
 		lazyWake = lazy.wake
+		if err := lazy.watch(ctx); err != nil {
+			p.driver.HandleError(ctx, err, "Publishing every MIG partition")
+			lazy, lazyWake = nil, nil
+		}
+	}
+	if lazy != nil {
 		defer func() {
 			if next != nil {
 				next.Stop()
@@ -282,16 +290,20 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 		bopts := slices.Options{Taints: taints}
 		if lazy != nil && lazyMIGApplies(inv) {
 			dec, err := lazy.decideFor(ctx, inv, taints)
-			if err != nil {
-				// Nothing is withdrawn on an error; the wake retries.
+			switch {
+			case err != nil:
+				// The last decision stands (every partition before the
+				// first): nothing is withdrawn; the health taints are
+				// published all the same.
 				p.driver.HandleError(ctx, fmt.Errorf("%w: %w", kubeletplugin.ErrRecoverable, err), "Deciding which MIG partitions to publish failed; retrying")
 				next, nextC = lazy.after(next, lazyRetry)
-				return
-			}
-			bopts.Lazy = &dec
-			if !dec.Next.IsZero() {
+			case !dec.Next.IsZero():
 				next, nextC = lazy.after(next, dec.Next.Sub(lazy.clock.Now()))
+				decided = &dec
+			default:
+				decided = &dec
 			}
+			bopts.Lazy = decided
 		}
 		res, err := slices.Build(nodeName, inv, bopts)
 		if err == nil && first {
@@ -335,7 +347,7 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 				// Without device taints a withdrawal could not be
 				// announced: publish every partition instead.
 				klog.FromContext(ctx).Info("The API server does not serve device taints (DRADeviceTaints): publishing every MIG partition, as with --feature-gates=LazyMIG=false")
-				lazy, lazyWake, nextC = nil, nil, nil
+				lazy, lazyWake, nextC, decided = nil, nil, nil, nil
 				publish()
 			}
 			was := opts

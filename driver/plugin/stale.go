@@ -60,6 +60,9 @@ func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
 			logger.Error(err, "Unprepare of a stale claim failed; retrying later", "claim", klog.KRef(c.Namespace, c.Name))
 		case done:
 			logger.Info("Unprepared a claim the API server no longer has allocated", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+			if p.driver.lazy != nil {
+				p.driver.lazy.poke() // its GPU may be free now
+			}
 		default:
 			logger.V(2).Info("A stale claim changed while the API server was asked; checking it again later", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 		}
