@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-dev/tessera/driver/fakenode"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/inventory"
+	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/slices"
 )
@@ -93,7 +94,13 @@ func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output str
 		return err
 	}
 	inv := inventory.Build(gpus, inventory.Options{DynamicMIG: gates.Enabled(features.DynamicMIG)})
-	res, err := slices.Build(opts.NodeName, inv, slices.Options{})
+	var sopts slices.Options
+	if gates.Enabled(features.LazyMIG) {
+		// As the plugin publishes a node that holds no claim yet.
+		d := slices.Unheld(inv, lazymig.DefaultPolicy)
+		sopts.Lazy = &d
+	}
+	res, err := slices.Build(opts.NodeName, inv, sopts)
 	if err != nil {
 		return err
 	}

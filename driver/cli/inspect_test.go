@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,18 +19,26 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-func inspect(t *testing.T, profile, output string) []byte {
+// inspect runs Inspect with every partition published (LazyMIG off), so
+// that the golden files pin every device; gates, if given, are set after.
+func inspect(t *testing.T, profile, output string, gates ...string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	opts := nodeopen.Options{NodeName: "node-a", FakeNode: profile, FakeRoot: t.TempDir()}
-	if err := Inspect(context.Background(), &buf, opts, output, features.New()); err != nil {
+	fg := features.New()
+	for _, g := range append([]string{"LazyMIG=false"}, gates...) {
+		if err := fg.Set(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Inspect(context.Background(), &buf, opts, output, fg); err != nil {
 		t.Fatalf("inspect %s: %v", profile, err)
 	}
 	return buf.Bytes()
 }
 
 // TestInspectMatchesGoldenFiles pins the exact devices and attributes each
-// profile publishes. testdata/<profile>.yaml is made by
+// profile publishes with every partition (LazyMIG off). testdata/<profile>.yaml is made by
 // `go test ./driver/cli -run TestInspectMatchesGoldenFiles -update`.
 func TestInspectMatchesGoldenFiles(t *testing.T) {
 	for _, profile := range fakenode.Profiles() {
@@ -71,6 +80,42 @@ func TestInspectJSONIsAList(t *testing.T) {
 	}
 	if list.Kind != "List" || len(list.Items) != 1 || len(list.Items[0].Spec.Devices) != 4 {
 		t.Fatalf("unexpected JSON: %s", out)
+	}
+}
+
+// TestInspectShowsWhatAnEmptyNodePublishesLazily: with LazyMIG on (its
+// default) inspect shows what the plugin publishes before any claim: every
+// whole GPU, and one spare GPU's partitions and counter set.
+func TestInspectShowsWhatAnEmptyNodePublishesLazily(t *testing.T) {
+	out := inspect(t, "dgx-h100", "json", "LazyMIG=true")
+	var list struct {
+		Items []struct {
+			Spec struct {
+				Devices        []struct{ Name string } `json:"devices"`
+				SharedCounters []struct{ Name string } `json:"sharedCounters"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatal(err)
+	}
+	var devices, sets []string
+	for _, it := range list.Items {
+		for _, d := range it.Spec.Devices {
+			devices = append(devices, d.Name)
+		}
+		for _, c := range it.Spec.SharedCounters {
+			sets = append(sets, c.Name)
+		}
+	}
+	partitions := 0
+	for _, d := range devices {
+		if strings.HasPrefix(d, "gpu-7-mig-") {
+			partitions++
+		}
+	}
+	if len(devices) != 8+25 || partitions != 25 || len(sets) != 1 || sets[0] != "gpu-7" {
+		t.Fatalf("inspect shows %d devices (%d of gpu-7's partitions) and counter sets %v: want 8 whole GPUs, gpu-7's 25 partitions and its counter set", len(devices), partitions, sets)
 	}
 }
 

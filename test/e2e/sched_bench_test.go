@@ -42,6 +42,9 @@ type schedCase struct {
 	class    string
 	selector string
 	capacity map[resourceapi.QualifiedName]resource.Quantity
+	// lazy: the nodes publish lazily (the LazyMIG gate, on by default), as
+	// a node that holds nothing yet (fixtures.PublishedLazily).
+	lazy bool
 	// shape, when set, rearranges what each node publishes: a layout the
 	// plugin does not ship, measured as a lever (sched_shapes_test.go).
 	shape func(testing.TB, []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice
@@ -52,8 +55,8 @@ type schedCase struct {
 var schedCases = []schedCase{
 	// DynamicMIG off: every GPU is one whole device.
 	{name: "whole", layout: func(testing.TB) inventory.Options { return inventory.Options{} }, class: gpuClass},
-	// DynamicMIG on (its default): every profile at every placement, and
-	// the whole GPU, drawing on the GPU's counter set.
+	// DynamicMIG on (its default) with LazyMIG off: every profile at every
+	// placement, and the whole GPU, drawing on the GPU's counter set.
 	{name: "mig1g", layout: dynamicMIG, class: migClass, selector: mig1gSelector},
 	{name: "migwhole", layout: dynamicMIG, class: gpuClass},
 	// --time-sliced-gpus=all=4: each GPU is one device four claims share.
@@ -61,13 +64,14 @@ var schedCases = []schedCase{
 	// --memory-shared-gpus=all: claims take 16 GiB each (four per H100).
 	{name: "memshare", layout: sharedBy(func(p *sharing.Policy) error { return p.ParseMemoryShared("all") }), class: "memory.gpu.tessera.dev",
 		capacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("16Gi")}},
-	// Levers (shapes the plugin does not publish), each with both kinds of
-	// pod of the dynamic-MIG cases: lazy1g/lazywhole publish what lazy
-	// publishing would on a node with no partition yet; aligned1g and
-	// alignedwhole keep each GPU's devices in one slice (one write per health
-	// change).
-	{name: "lazy1g", layout: dynamicMIG, shape: lazyShape, class: migClass, selector: mig1gSelector},
-	{name: "lazywhole", layout: dynamicMIG, shape: lazyShape, class: gpuClass},
+	// DynamicMIG and LazyMIG on (their defaults), each node as it publishes
+	// before any GPU is partitioned: the whole GPUs, and one spare GPU's
+	// partitions and counter set.
+	{name: "lazy1g", layout: dynamicMIG, lazy: true, class: migClass, selector: mig1gSelector},
+	{name: "lazywhole", layout: dynamicMIG, lazy: true, class: gpuClass},
+	// A lever (a shape the plugin does not publish), with both kinds of pod
+	// of the dynamic-MIG cases: aligned1g and alignedwhole keep each GPU's
+	// devices in one slice (one write per health change).
 	{name: "aligned1g", layout: dynamicMIG, shape: alignedShape, class: migClass, selector: mig1gSelector},
 	{name: "alignedwhole", layout: dynamicMIG, shape: alignedShape, class: gpuClass},
 }
@@ -109,9 +113,11 @@ const schedulerAPIQPS = 5000
 // and x/whole, each case's pods/s over the whole case's in the same run.
 //
 // Cases (schedCases): whole GPUs with DynamicMIG off; dynamic MIG with pods
-// asking for a 1g.10gb and for a whole GPU; GPUs time-sliced four ways; GPUs
-// shared by memory, 16 GiB a claim; and the levers, dynamic-MIG shapes the
-// plugin does not publish (sched_shapes_test.go), with both kinds of pod.
+// asking for a 1g.10gb and for a whole GPU, every partition published
+// (LazyMIG off) and lazily (as shipped; static, since no kubelet prepares
+// to make the nodes republish); GPUs time-sliced four ways; GPUs shared by
+// memory, 16 GiB a claim; and a lever, a dynamic-MIG shape the plugin does
+// not publish (sched_shapes_test.go), with both kinds of pod.
 // Sizes: 100, 500 and 1,000 nodes (make bench runs 100 and 500; SCHED_BENCH
 // chooses). TESSERA_SCHED_PROFILE=<dir>
 // also writes a 20-second CPU profile of the scheduler per case into dir.
@@ -180,7 +186,11 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	layout := sc.layout(b)
 	published := make([][]*resourceapi.ResourceSlice, len(gpus))
 	for i := range gpus {
-		published[i] = fixtures.Published(b, simNodeName(i), gpus[i], layout)
+		if sc.lazy {
+			published[i] = fixtures.PublishedLazily(b, simNodeName(i), gpus[i], layout)
+		} else {
+			published[i] = fixtures.Published(b, simNodeName(i), gpus[i], layout)
+		}
 		if sc.shape != nil {
 			published[i] = sc.shape(b, published[i])
 		}

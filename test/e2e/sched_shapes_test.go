@@ -3,13 +3,10 @@ package e2e
 import (
 	"slices"
 	"testing"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
-	"github.com/tessera-dev/tessera/driver/lazymig"
-	"github.com/tessera-dev/tessera/driver/plugin"
 	tslices "github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/test/fixtures"
 )
@@ -19,38 +16,6 @@ import (
 // published slices (one pool, device slices then counter slices) and returns
 // the same pool laid out otherwise, named and counted as the plugin's slice
 // controller would.
-
-// lazyShape is what LazyMIG (on by default) publishes on a node before any
-// GPU is partitioned: every whole GPU (each still drawing on its counter set,
-// so that partitions published later cannot overlap an allocated whole GPU),
-// every counter set, and the partitions of the spares driver/lazymig picks
-// with the plugin's default policy (one: the last GPU, which first-fit
-// whole-GPU allocation reaches last). It is static: the benchmark's nodes
-// have no kubelet to prepare claims, so nothing republishes it as pods are
-// allocated, as the plugin does; a node takes at most the spare's
-// partitions, and a full node still lists them.
-func lazyShape(t testing.TB, pool []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
-	devices, counters := split(pool)
-	var gpus []lazymig.GPU
-	for _, d := range devices {
-		if d.ConsumesCounters != nil && !isPartition(d) {
-			gpus = append(gpus, lazymig.GPU{Name: d.ConsumesCounters[0].CounterSet})
-		}
-	}
-	decided := lazymig.Decide(gpus, lazymig.Policy{Spares: plugin.DefaultMIGSpareGPUs, Grace: plugin.DefaultMIGWithdrawGrace}, time.Now())
-	var kept []resourceapi.Device
-	for _, d := range devices {
-		if !isPartition(d) {
-			kept = append(kept, d)
-		} else if _, published := decided.States[d.ConsumesCounters[0].CounterSet]; published {
-			kept = append(kept, d)
-		}
-	}
-	if len(kept) > tslices.MaxDevicesPerSliceWithCounters {
-		t.Fatalf("the lazy shape has %d devices, more than one slice holds", len(kept))
-	}
-	return reslice(pool, [][]resourceapi.Device{kept}, counters)
-}
 
 // alignedShape keeps each GPU's devices (whole and partitions) in one slice,
 // two GPUs a slice, each slice's whole GPUs first and then its partitions in
@@ -134,9 +99,10 @@ func reslice(pool []*resourceapi.ResourceSlice, groups [][]resourceapi.Device, c
 	return objs
 }
 
-// TestTheLeverShapes checks what the levers publish for a DGX H100 against
-// counts worked out from the node (eight GPUs, each with its whole device
-// and its partitions), not from the shapes' own code.
+// TestTheLeverShapes checks what the lazy cases and the lever publish for a
+// DGX H100 against counts worked out from the node published with every
+// partition (eight GPUs, each with its whole device and its partitions), not
+// from the shapes' own code.
 func TestTheLeverShapes(t *testing.T) {
 	gpus := discoverSimNodes(t, 1)[0]
 	pool := fixtures.Published(t, simNodeName(0), gpus, dynamicMIG(t))
@@ -168,21 +134,34 @@ func TestTheLeverShapes(t *testing.T) {
 	}
 
 	t.Run("lazy", func(t *testing.T) {
-		shaped := lazyShape(t, pool)
-		check(t, shaped, 1)
-		devs := shaped[0].Spec.Devices
-		whole, parts := 0, map[string]int{}
-		for i, d := range devs {
-			if isPartition(d) {
-				parts[gpuOf(d)]++
-				continue
+		// What the lazy cases publish: the whole GPUs, of which only the
+		// spare (gpu-7) draws on counters, and the spare's partitions and
+		// counter set alone.
+		shaped := fixtures.PublishedLazily(t, simNodeName(0), gpus, dynamicMIG(t))
+		var sets []string
+		whole, counted, parts := 0, map[string]bool{}, map[string]int{}
+		for _, s := range shaped {
+			for _, c := range s.Spec.SharedCounters {
+				sets = append(sets, c.Name)
 			}
-			if whole++; whole != i+1 {
-				t.Errorf("whole GPU %s listed after a partition", d.Name)
+			for i, d := range s.Spec.Devices {
+				if isPartition(d) {
+					parts[gpuOf(d)]++
+					continue
+				}
+				if whole++; whole != i+1 {
+					t.Errorf("whole GPU %s listed after a partition", d.Name)
+				}
+				if len(d.ConsumesCounters) > 0 {
+					counted[d.Name] = true
+				}
 			}
 		}
-		if whole != 8 || len(parts) != 1 || parts["gpu-7"] != perGPU["gpu-7"]-1 {
-			t.Errorf("%d whole GPUs and partitions %v, want 8 and gpu-7's %d", whole, parts, perGPU["gpu-7"]-1)
+		if len(shaped) != 2 || whole != 8 || len(parts) != 1 || parts["gpu-7"] != perGPU["gpu-7"]-1 {
+			t.Errorf("%d slices, %d whole GPUs and partitions %v: want 2 slices, 8 whole GPUs and gpu-7's %d partitions", len(shaped), whole, parts, perGPU["gpu-7"]-1)
+		}
+		if !slices.Equal(sets, []string{"gpu-7"}) || len(counted) != 1 || !counted["gpu-7"] {
+			t.Errorf("counter sets %v, whole GPUs drawing on counters %v: want gpu-7's alone", sets, counted)
 		}
 	})
 	t.Run("aligned", func(t *testing.T) {
