@@ -111,16 +111,24 @@ func TestAPrepareDuringTheGraceReopens(t *testing.T) {
 	}
 }
 
-func TestAClosingGPUIsReopenedBeforeAnotherIsOpened(t *testing.T) {
+// TestTheSpareIsTheHighestFreeGPUWhatEverWasPublished: the choice depends
+// on what the node holds alone (two instances deciding from one checkpoint
+// choose alike): a closing GPU that is the highest free one is reopened, one
+// that is not keeps closing.
+func TestTheSpareIsTheHighestFreeGPUWhatEverWasPublished(t *testing.T) {
 	gpus := eight()
 	gpus[6].Published = State{Open: true, Closing: t0}
+	gpus[3].Published = State{Open: true, Closing: t0}
 	gpus[7].WholeHeld = true
 	d := Decide(gpus, policy, t0.Add(time.Minute))
 	if s := d.States["gpu-6"]; !s.Open || s.IsClosing() {
 		t.Fatalf("gpu-6: %+v, want it reopened as the spare", s)
 	}
-	if len(d.Order) != 1 {
-		t.Fatalf("published %v, want gpu-6 alone", d.Order)
+	if s := d.States["gpu-3"]; !s.IsClosing() || !s.Closing.Equal(t0) {
+		t.Fatalf("gpu-3: %+v, want it still closing since %v", s, t0)
+	}
+	if want := []string{"gpu-6", "gpu-3"}; !slices.Equal(d.Order, want) {
+		t.Fatalf("published %v, want %v", d.Order, want)
 	}
 }
 

@@ -2,8 +2,11 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
 	"sync"
 	"time"
 
@@ -64,10 +67,25 @@ type lazyMIG struct {
 	// last is what it published last, by GPU name; nil before the first
 	// decision.
 	last map[string]lazymig.State
+	// seen is when the API was first seen showing a GPU's partitions all
+	// tainted; a countdown starts no earlier (the taint's own time is when
+	// the plugin decided, and its write may have been late).
+	seen map[string]time.Time
+	// withdrew names the GPUs whose partitions this instance withdrew while
+	// the API may still show them, tainted: that is the write on its way.
+	withdrew map[string]bool
+	// listFailed is when listing the claims last failed; it is not tried
+	// again before listBackoff has passed.
+	listFailed time.Time
+	// marker is a file in the plugin's data directory: present, the node
+	// published before (so an empty pool in the API was deleted, not
+	// never written).
+	marker string
 }
 
-func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager) *lazyMIG {
-	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), pins: map[string]int{}}
+func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string) *lazyMIG {
+	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), pins: map[string]int{},
+		seen: map[string]time.Time{}, withdrew: map[string]bool{}, marker: marker}
 }
 
 // poke asks for a new decision.
@@ -189,12 +207,18 @@ func (l *lazyMIG) shown(inv *inventory.Inventory) (_ map[string]lazymig.State, c
 
 // allocatedInAPI lists the claims the API server has allocated a partition
 // of this node, prepared or not, and names their GPUs.
+// After a failure it is not tried again for listBackoff: every node asks
+// for every claim, which is what an overloaded API server needs least.
 func (l *lazyMIG) allocatedInAPI(ctx context.Context, inv *inventory.Inventory) (map[string]bool, error) {
+	if !l.listFailed.IsZero() && l.clock.Since(l.listFailed) < listBackoff {
+		return nil, fmt.Errorf("list the allocated claims: failed %v ago, trying again after %v", l.clock.Since(l.listFailed).Round(time.Second), listBackoff)
+	}
 	out := map[string]bool{}
 	opts := metav1.ListOptions{Limit: 500}
 	for {
 		list, err := l.client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
 		if err != nil {
+			l.listFailed = l.clock.Now()
 			return nil, fmt.Errorf("list the allocated claims: %w", err)
 		}
 		for i := range list.Items {
@@ -205,6 +229,7 @@ func (l *lazyMIG) allocatedInAPI(ctx context.Context, inv *inventory.Inventory) 
 			}
 		}
 		if list.Continue == "" {
+			l.listFailed = time.Time{}
 			return out, nil
 		}
 		opts.Continue = list.Continue
@@ -217,27 +242,35 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 		return lazymig.Decision{}, fmt.Errorf("watch the node's slices: %w", context.Cause(ctx))
 	}
 	gpus := slices.LazyGPUs(inv)
-	var allocated map[string]bool
-	if l.last == nil {
-		// At start: what the API publishes counts as published, all of it
-		// if the pool is being rewritten; and a claim allocated on the
-		// node holds its GPU, prepared or not (the kubelet may not have
-		// asked yet, or asked the instance before this one).
+	last, allocated := l.last, map[string]bool(nil)
+	if last == nil {
+		// At start: what the API publishes counts as published; all of
+		// it if the pool is being rewritten, or was deleted (the kubelet
+		// deletes a node's slices when it restarts, and the scheduler may
+		// still hold allocations it made from them, unwritten); and a
+		// claim allocated on the node holds its GPU, prepared or not.
 		var err error
 		if allocated, err = l.allocatedInAPI(ctx, inv); err != nil {
 			return lazymig.Decision{}, err
 		}
 		shown, complete := l.shown(inv)
-		l.last = map[string]lazymig.State{}
+		if len(shown) == 0 && complete {
+			_, err := os.Stat(l.marker)
+			complete = errors.Is(err, fs.ErrNotExist) // a node that never published
+		}
+		last = map[string]lazymig.State{}
 		for _, g := range gpus {
 			if s, ok := shown[g]; ok {
-				l.last[g] = s
+				last[g] = s
+				if s.IsClosing() {
+					l.seen[g] = s.Closing // a restart trusts the API's countdown
+				}
 			} else if !complete {
-				l.last[g] = lazymig.State{Open: true}
+				last[g] = lazymig.State{Open: true}
 			}
 		}
 	}
-	d, in, err := l.decide(ctx, inv, gpus, allocated, func(gpu string) bool { return len(taints[gpu]) > 0 })
+	d, in, err := l.decide(ctx, inv, gpus, last, allocated, func(gpu string) bool { return len(taints[gpu]) > 0 })
 	if err != nil {
 		return lazymig.Decision{}, err
 	}
@@ -262,8 +295,9 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 				// does not show the taint yet: keep the taint and count
 				// again from now.
 				in[i].Published = lazymig.State{Open: true, Closing: now.Round(time.Second).UTC()}
-			case now.Before(s.Closing.Add(l.policy.Grace)):
-				in[i].Published = s // the countdown the scheduler saw
+			case now.Before(l.countdown(g.Name, s).Add(l.policy.Grace)):
+				// The countdown the scheduler saw.
+				in[i].Published = lazymig.State{Open: true, Closing: l.countdown(g.Name, s)}
 			default:
 				continue
 			}
@@ -274,13 +308,36 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			d = lazymig.Decide(in, l.policy, now)
 		}
 	}
+	for _, g := range in {
+		if _, kept := d.States[g.Name]; !kept && g.Published.Open {
+			l.withdrew[g.Name] = true
+		}
+	}
+	for g := range d.States {
+		delete(l.withdrew, g)
+	}
+	if l.last == nil {
+		if err := os.WriteFile(l.marker, nil, 0o600); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot mark the node as published; after the next restart with no slices in the API it will publish every partition for a grace period anyway")
+		}
+	}
 	l.last = d.States
 	return d, nil
 }
 
+// countdown is when the countdown of a GPU whose partitions the API shows
+// tainted (s) began: the taint's time, or, if the API was first seen
+// showing it more than a second later, then.
+func (l *lazyMIG) countdown(gpu string, s lazymig.State) time.Time {
+	if seen := l.seen[gpu]; seen.After(s.Closing.Add(time.Second)) {
+		return seen.Round(time.Second).UTC()
+	}
+	return s.Closing
+}
+
 // decide gathers Decide's input and decides once.
 // alsoHeld names GPUs held besides what the node prepared.
-func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []string, alsoHeld map[string]bool, unhealthy func(gpu string) bool) (lazymig.Decision, []lazymig.GPU, error) {
+func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []string, last map[string]lazymig.State, alsoHeld map[string]bool, unhealthy func(gpu string) bool) (lazymig.Decision, []lazymig.GPU, error) {
 	// Pins first: a prepare that ends in between is then in the
 	// checkpoint read after.
 	l.mu.Lock()
@@ -327,15 +384,29 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 		mark(name, false)
 	}
 	shown, _ := l.shown(inv)
+	now := l.clock.Now()
 	in := make([]lazymig.GPU, 0, len(gpus))
 	for _, g := range gpus {
-		pub := l.last[g]
-		if s := shown[g]; s.Open && !s.IsClosing() && !pub.Open {
+		pub, s := last[g], shown[g]
+		if !s.IsClosing() {
+			delete(l.seen, g)
+		} else if _, ok := l.seen[g]; !ok {
+			l.seen[g] = now
+		}
+		if !s.Open {
+			delete(l.withdrew, g) // our withdrawal has landed
+		}
+		switch {
+		case !s.Open, l.withdrew[g]:
+			// Nothing shown, or what we withdrew, still on its way out.
+		case !pub.Open:
 			// Published by another instance (a rolling update): withdraw
-			// it only through the taint and the grace, as if ours. (A
-			// tainted one the API still shows after our withdrawal is the
-			// write on its way, not news.)
-			pub = lazymig.State{Open: true}
+			// it only through the taint and the grace, as if ours.
+			pub = s
+		case pub.IsClosing() && s.IsClosing():
+			// Two instances' stamps: take the API's, or they would
+			// rewrite each other's.
+			pub.Closing = s.Closing
 		}
 		in = append(in, lazymig.GPU{Name: g, Partitioned: partitioned[g], WholeHeld: whole[g], Unhealthy: unhealthy(g), Published: pub})
 	}
@@ -356,7 +427,11 @@ func expired(gpus []lazymig.GPU, d lazymig.Decision) map[string]bool {
 
 // lazyRetry is how soon a failed decision (the checkpoint or the API
 // unreadable) is tried again; until then the last decision stands.
-const lazyRetry = 5 * time.Second
+// listBackoff is how long listing the claims rests after a failure.
+const (
+	lazyRetry   = 5 * time.Second
+	listBackoff = time.Minute
+)
 
 // lazyMIGApplies says whether the node has GPUs lazy publishing applies to.
 func lazyMIGApplies(inv *inventory.Inventory) bool { return len(slices.LazyGPUs(inv)) > 0 }

@@ -183,25 +183,41 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 	clk.Step(time.Second)
 	h.awaitLazy("the grace is over", map[string]string{"gpu-7": "open"})
 
-	// A restart after the kubelet deleted the node's slices: a claim
-	// allocated a partition of gpu-5 that the kubelet has not asked to
-	// prepare keeps gpu-5's partitions published.
+	// A restart after the kubelet deleted the node's slices: the scheduler
+	// may hold allocations it made from them, so every free GPU's
+	// partitions are published, tainted, and a claim in the API allocated
+	// a partition of gpu-5 that the kubelet has not asked to prepare keeps
+	// gpu-5's published untainted.
 	h.claim("r", "gpu-5-mig-3g40gb-4")
-	h.stopAndForgetSlices()
+	h.plugin.Stop()
+	_, sl := h.publishedTaints()
+	for _, s := range sl {
+		if err := h.client.ResourceV1().ResourceSlices().Delete(h.ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	h.restart()
-	h.awaitLazy("a restart with a claim allocated on gpu-5", map[string]string{"gpu-7": "open", "gpu-5": "open"})
+	wiped := map[string]string{"gpu-7": "open", "gpu-5": "open"}
+	for _, g := range []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-6"} {
+		wiped[g] = "closing"
+	}
+	h.awaitLazy("a restart after the slices were deleted", wiped)
 
 	b := h.claim("b", "gpu-7")
 	prepare(b)
-	h.awaitLazy("gpu-7 held whole", map[string]string{"gpu-6": "open", "gpu-5": "closing"})
+	delete(wiped, "gpu-7")
+	wiped["gpu-6"], wiped["gpu-5"] = "open", "closing"
+	h.awaitLazy("gpu-7 held whole", wiped)
 }
 
 // TestPartitionsAnotherInstancePublishedAreWithdrawnOnlyAfterTheGrace: in a
 // rolling update two instances publish the node's pool; partitions the
 // other one published (here written straight into the API) count as
-// published, so this one taints them and waits rather than drop them.
+// published, so this one taints them and waits rather than drop them. A
+// taint the other instance stamped earlier counts from when this one first
+// saw it.
 func TestPartitionsAnotherInstancePublishedAreWithdrawnOnlyAfterTheGrace(t *testing.T) {
-	h, _ := startLazy(t)
+	h, clk := startLazy(t)
 	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
 	res, err := tslices.Build(nodeName, h.plugin.Manager().Inventory(), tslices.Options{})
 	if err != nil {
@@ -215,16 +231,40 @@ func TestPartitionsAnotherInstancePublishedAreWithdrawnOnlyAfterTheGrace(t *test
 			}
 		}
 	}
-	_, published := h.publishedTaints()
-	for _, s := range published {
-		if len(s.Spec.Devices) == 0 {
-			continue
+	otherInstance := func(taint *resourceapi.DeviceTaint) {
+		t.Helper()
+		_, published := h.publishedTaints()
+		for _, s := range published {
+			if len(s.Spec.Devices) == 0 {
+				continue
+			}
+			for _, d := range gpu4 {
+				if taint != nil {
+					d.Taints = []resourceapi.DeviceTaint{*taint}
+				}
+				s.Spec.Devices = append(s.Spec.Devices, d)
+			}
+			if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return
 		}
-		s.Spec.Devices = append(s.Spec.Devices, gpu4...)
-		if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		break
+		t.Fatal("no device slice")
 	}
+
+	otherInstance(nil)
 	h.awaitLazy("gpu-4's partitions published by another instance", map[string]string{"gpu-7": "open", "gpu-4": "closing"})
+	if got := h.closingSince("gpu-4"); !got.Equal(clk.Now()) {
+		t.Fatalf("gpu-4 closing since %v, want since it was seen, %v", got, clk.Now())
+	}
+	clk.Step(lazyGrace)
+	h.awaitLazy("the grace is over", map[string]string{"gpu-7": "open"})
+
+	stamped := clk.Now().Add(-lazyGrace / 2)
+	otherInstance(&resourceapi.DeviceTaint{Key: lazymig.TaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule, TimeAdded: &metav1.Time{Time: stamped}})
+	h.awaitLazy("gpu-4's partitions published and tainted by another instance", map[string]string{"gpu-7": "open", "gpu-4": "closing"})
+	clk.Step(lazyGrace - time.Second)
+	h.republished("a second before the grace ends, counted from when the taint was seen", 0, map[string]string{"gpu-7": "open", "gpu-4": "closing"})
+	clk.Step(time.Second)
+	h.awaitLazy("the grace is over", map[string]string{"gpu-7": "open"})
 }

@@ -69,6 +69,9 @@ const (
 	// LastKnownFile keeps each GPU's last description, so that a GPU lost
 	// while the plugin was down is still published (tainted).
 	LastKnownFile = "gpus.json"
+	// LazyMIGMarkerFile, present, says the node published lazily before
+	// (driver/plugin/lazy.go).
+	LazyMIGMarkerFile = "lazy-mig-published"
 )
 
 // Start discovers the node, recovers prepared state, registers with the
@@ -193,7 +196,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		if o.Clock != nil {
 			clk = o.Clock
 		}
-		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr)
+		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile))
 	}
 	alive := func() error { return context.Cause(ctx) }
 	registered := newRegistration()
