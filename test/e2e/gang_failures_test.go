@@ -70,7 +70,9 @@ func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
 // partitionTakenBeforeTheCommit: as deviceTakenBeforeTheCommit, but the
 // rival takes a MIG partition of a GPU the controller has just written
 // whole for a member: no device ID is shared, the GPU's counters are, and
-// the re-check must see it as the allocator would.
+// the re-check must see it as the allocator would. The GPU is one whose
+// partitions its node publishes (lazy publishing keeps the others' back):
+// the scheduler could allocate no other.
 func (e gangEnv) partitionTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
 	e.takenBeforeTheCommit(ctx, t, "race-mig", func(device string) string { return device + "-mig-1g23gb-6" })
 }
@@ -102,11 +104,24 @@ func (e gangEnv) takenBeforeTheCommit(ctx context.Context, t *testing.T, ns stri
 		if err != nil {
 			return err
 		}
+		sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		published := map[string]bool{}
+		for _, s := range sl.Items {
+			for _, d := range s.Spec.Devices {
+				published[s.Spec.Pool.Name+"/"+d.Name] = true
+			}
+		}
 		for _, mc := range list.Items {
 			if mc.Annotations[gangv1.AnnotationRank] == "" || mc.Status.Allocation == nil {
 				continue
 			}
 			r := mc.Status.Allocation.Devices.Results[0]
+			if !published[r.Pool+"/"+rivalDevice(r.Device)] {
+				continue
+			}
 			rc, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, rivalClaim, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -122,7 +137,7 @@ func (e gangEnv) takenBeforeTheCommit(ctx context.Context, t *testing.T, ns stri
 			taken.Store(&r)
 			return nil
 		}
-		return fmt.Errorf("no member claim written")
+		return fmt.Errorf("no member claim written with a device whose rival device is published")
 	}
 	var takeErr atomic.Value
 	ctl := e.restartController(t, func(step string) bool {

@@ -335,6 +335,18 @@ func checkLedger(ctx context.Context, t *testing.T, c *tesseraCluster, node stri
 		}
 	}
 	l := newLedger(all)
+	// The GPU whose partitions the node publishes (lazy publishing keeps
+	// the others' back).
+	gpu := ""
+	for id := range l.devices {
+		if d, ok := strings.CutPrefix(id, gpunode.DriverName+"/"+pool+"/"); ok && strings.HasSuffix(d, "-mig-1g23gb-6") {
+			gpu = strings.TrimSuffix(d, "-mig-1g23gb-6")
+		}
+	}
+	other := "gpu-0"
+	if gpu == "gpu-0" {
+		other = "gpu-1"
+	}
 	claim := func(name string, devices ...string) *resourceapi.ResourceClaim {
 		rc := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ledger", Name: name}}
 		rc.Status.Allocation = &resourceapi.AllocationResult{}
@@ -347,11 +359,11 @@ func checkLedger(ctx context.Context, t *testing.T, c *tesseraCluster, node stri
 		a, b  string
 		clash bool
 	}{
-		{"gpu-0", "gpu-0", true},
-		{"gpu-0", "gpu-0-mig-1g23gb-6", true},
-		{"gpu-0", "gpu-1", false},
-		{"gpu-0-mig-1g23gb-0", "gpu-0-mig-1g23gb-6", false},
-		{"gpu-0-mig-1g23gb-0", "gpu-0-mig-2g47gb-0", true},
+		{gpu, gpu, true},
+		{gpu, gpu + "-mig-1g23gb-6", true},
+		{gpu, other, false},
+		{gpu + "-mig-1g23gb-0", gpu + "-mig-1g23gb-6", false},
+		{gpu + "-mig-1g23gb-0", gpu + "-mig-2g47gb-0", true},
 	} {
 		for _, d := range []string{tc.a, tc.b} {
 			if _, ok := l.devices[gpunode.DriverName+"/"+pool+"/"+d]; !ok {
