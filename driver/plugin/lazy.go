@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/tessera-dev/tessera/driver/checkpoint"
 	"github.com/tessera-dev/tessera/driver/inventory"
 	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -317,8 +318,10 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 		delete(l.withdrew, g)
 	}
 	if l.last == nil {
-		if err := os.WriteFile(l.marker, nil, 0o600); err != nil {
-			klog.FromContext(ctx).Error(err, "Cannot mark the node as published; after the next restart with no slices in the API it will publish every partition for a grace period anyway")
+		// On disk before the first lazy publish: a restart that then finds
+		// no slices must not take the node for a new one.
+		if err := checkpoint.WriteFileAtomic(l.marker, nil, 0o600); err != nil {
+			return lazymig.Decision{}, fmt.Errorf("mark the node as published lazily: %w", err)
 		}
 	}
 	l.last = d.States
