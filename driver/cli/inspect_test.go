@@ -85,13 +85,17 @@ func TestInspectJSONIsAList(t *testing.T) {
 
 // TestInspectShowsWhatAnEmptyNodePublishesLazily: with LazyMIG on (its
 // default) inspect shows what the plugin publishes before any claim: every
-// whole GPU, and one spare GPU's partitions and counter set.
+// whole GPU, of which only the spare draws on its counter set, the spare's
+// partitions, and every counter set.
 func TestInspectShowsWhatAnEmptyNodePublishesLazily(t *testing.T) {
 	out := inspect(t, "dgx-h100", "json", "LazyMIG=true")
 	var list struct {
 		Items []struct {
 			Spec struct {
-				Devices        []struct{ Name string } `json:"devices"`
+				Devices []struct {
+					Name             string
+					ConsumesCounters []struct{ CounterSet string } `json:"consumesCounters"`
+				} `json:"devices"`
 				SharedCounters []struct{ Name string } `json:"sharedCounters"`
 			} `json:"spec"`
 		} `json:"items"`
@@ -99,10 +103,13 @@ func TestInspectShowsWhatAnEmptyNodePublishesLazily(t *testing.T) {
 	if err := json.Unmarshal(out, &list); err != nil {
 		t.Fatal(err)
 	}
-	var devices, sets []string
+	var devices, sets, counted []string
 	for _, it := range list.Items {
 		for _, d := range it.Spec.Devices {
 			devices = append(devices, d.Name)
+			if !strings.Contains(d.Name, "-mig-") && len(d.ConsumesCounters) > 0 {
+				counted = append(counted, d.Name)
+			}
 		}
 		for _, c := range it.Spec.SharedCounters {
 			sets = append(sets, c.Name)
@@ -114,8 +121,8 @@ func TestInspectShowsWhatAnEmptyNodePublishesLazily(t *testing.T) {
 			partitions++
 		}
 	}
-	if len(devices) != 8+25 || partitions != 25 || len(sets) != 1 || sets[0] != "gpu-7" {
-		t.Fatalf("inspect shows %d devices (%d of gpu-7's partitions) and counter sets %v: want 8 whole GPUs, gpu-7's 25 partitions and its counter set", len(devices), partitions, sets)
+	if len(devices) != 8+25 || partitions != 25 || len(sets) != 8 || len(counted) != 1 || counted[0] != "gpu-7" {
+		t.Fatalf("inspect shows %d devices (%d of gpu-7's partitions), whole GPUs drawing on counters %v, counter sets %v: want 8 whole GPUs (gpu-7 alone drawing on counters), gpu-7's 25 partitions and 8 counter sets", len(devices), partitions, counted, sets)
 	}
 }
 

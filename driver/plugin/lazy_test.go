@@ -146,12 +146,32 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 		}
 	}
 
+	// Opening and closing a GPU's partitions is one write: its whole
+	// device and partitions change in the device slice; the counter sets
+	// stay.
+	writes := func() int {
+		n := 0
+		for _, a := range h.client.Actions() {
+			if a.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "delete"}, a.GetVerb()) {
+				n++
+			}
+		}
+		return n
+	}
+	before := writes()
 	a := h.claim("a", "gpu-7-mig-1g10gb-6")
 	prepare(a)
 	h.awaitLazy("a 1g on gpu-7", map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	if n := writes() - before; n != 1 {
+		t.Errorf("opening gpu-6 cost %d slice writes, want 1", n)
+	}
+	before = writes()
 	unprepare(a)
 	deleteClaim(a)
 	h.awaitLazy("a released", map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	if n := writes() - before; n != 1 {
+		t.Errorf("tainting gpu-6's partitions cost %d slice writes, want 1", n)
+	}
 	h.closingSince("gpu-6")
 
 	// Allocated on gpu-6 before the scheduler saw the taint, prepared now.

@@ -201,8 +201,8 @@ func TestPluginRegistersAndPublishes(t *testing.T) {
 		t.Errorf("registered as %q", h.kubelet.Info.Name)
 	}
 	// Dynamic MIG, published lazily (both on by default): 8 whole GPUs and
-	// the spare's 25 partitions in one slice, plus a slice holding the
-	// spare's counter set alone.
+	// the spare's 25 partitions in one slice, plus a slice of the 8 GPUs'
+	// counter sets.
 	var devices, counterSets, slices int
 	var want int64
 	deadline := time.Now().Add(10 * time.Second)
@@ -225,7 +225,7 @@ func TestPluginRegistersAndPublishes(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if int64(slices) != want || slices != 2 || counterSets != 1 || devices != 8+25 {
+	if int64(slices) != want || slices != 2 || counterSets != 8 || devices != 8+25 {
 		t.Fatalf("published %d of %d slices with %d devices and %d counter sets", slices, want, devices, counterSets)
 	}
 }

@@ -108,12 +108,9 @@ func consumption(d inventory.Device, limits map[string]int) map[string]resourcea
 // counterSets are the GPUs' shared counters: one per memory slice, and the
 // engine and instance limits of counterLimits, so the scheduler refuses
 // exactly the combinations NVML would.
-func counterSets(inv *inventory.Inventory, limits limitsByGPU, counted func(gpu string) bool) []resourceapi.CounterSet {
+func counterSets(inv *inventory.Inventory, limits limitsByGPU) []resourceapi.CounterSet {
 	var out []resourceapi.CounterSet
 	for _, g := range inv.CounterSets {
-		if !counted(g.Name()) {
-			continue
-		}
 		counters := map[string]resourceapi.Counter{}
 		for i := 0; i < g.MIG.MemorySlices; i++ {
 			counters[fmt.Sprintf(counterMemorySlice, i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}

@@ -151,7 +151,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		devices = lazily(inv, devices, *opts.Lazy)
 	}
 	out := chunk(devices)
-	for sets := counterSets(inv, limits, counted); len(sets) > 0; {
+	for sets := counterSets(inv, limits); len(sets) > 0; {
 		n := min(MaxCounterSetsPerSlice, len(sets))
 		out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
 		sets = sets[n:]
@@ -191,13 +191,16 @@ func Unheld(inv *inventory.Inventory, p lazymig.Policy) lazymig.Decision {
 
 // countedGPUs says which GPUs' devices draw on their counter set. Published
 // lazily, a GPU whose partitions are not published offers its whole device
-// alone: it needs no counters, nor its counter set, until its partitions
-// are published again, and then its whole device draws on them in the same
-// write. The scheduler works out what allocated devices consume from the
-// devices as published now, so a whole GPU allocated while it drew on
-// nothing blocks its partitions the moment they appear; the reverse, a
-// partition allocated and then withdrawn, is what driver/lazymig guards.
-// Every other GPU's devices draw on their counter set.
+// alone, drawing on nothing: the scheduler then validates one counter
+// reference per open GPU instead of one per GPU. Its counter set stays
+// published (the counter slice never changes), so that opening or closing
+// a GPU changes the device slice alone: one write, which the scheduler sees
+// at once, whole device and partitions together. The scheduler works out
+// what allocated devices consume from the devices as published now, so a
+// whole GPU allocated while it drew on nothing blocks its partitions the
+// moment they appear; the reverse, a partition allocated and then
+// withdrawn, is what driver/lazymig guards. Every other GPU's devices draw
+// on their counter set.
 func countedGPUs(inv *inventory.Inventory, d *lazymig.Decision) func(gpu string) bool {
 	if d == nil {
 		return func(string) bool { return true }

@@ -135,8 +135,8 @@ func TestTheLeverShapes(t *testing.T) {
 
 	t.Run("lazy", func(t *testing.T) {
 		// What the lazy cases publish: the whole GPUs, of which only the
-		// spare (gpu-7) draws on counters, and the spare's partitions and
-		// counter set alone.
+		// spare (gpu-7) draws on counters, the spare's partitions, and
+		// every counter set.
 		shaped := fixtures.PublishedLazily(t, simNodeName(0), gpus, dynamicMIG(t))
 		var sets []string
 		whole, counted, parts := 0, map[string]bool{}, map[string]int{}
@@ -160,8 +160,8 @@ func TestTheLeverShapes(t *testing.T) {
 		if len(shaped) != 2 || whole != 8 || len(parts) != 1 || parts["gpu-7"] != perGPU["gpu-7"]-1 {
 			t.Errorf("%d slices, %d whole GPUs and partitions %v: want 2 slices, 8 whole GPUs and gpu-7's %d partitions", len(shaped), whole, parts, perGPU["gpu-7"]-1)
 		}
-		if !slices.Equal(sets, []string{"gpu-7"}) || len(counted) != 1 || !counted["gpu-7"] {
-			t.Errorf("counter sets %v, whole GPUs drawing on counters %v: want gpu-7's alone", sets, counted)
+		if len(sets) != 8 || len(counted) != 1 || !counted["gpu-7"] {
+			t.Errorf("counter sets %v, whole GPUs drawing on counters %v: want all 8 sets, and gpu-7 alone drawing on one", sets, counted)
 		}
 	})
 	t.Run("aligned", func(t *testing.T) {
