@@ -42,8 +42,9 @@ type schedCase struct {
 	class    string
 	selector string
 	capacity map[resourceapi.QualifiedName]resource.Quantity
-	// lazy: the nodes publish lazily (the LazyMIG gate, on by default), as
-	// a node that holds nothing yet (fixtures.PublishedLazily).
+	// lazy: the nodes publish lazily (the LazyMIG gate, on by default):
+	// first as a node that holds nothing (fixtures.PublishedLazily), then
+	// again each time the scheduler allocates on them (republishLazily).
 	lazy bool
 	// shape, when set, rearranges what each node publishes: a layout the
 	// plugin does not ship, measured as a lever (sched_shapes_test.go).
@@ -64,9 +65,9 @@ var schedCases = []schedCase{
 	// --memory-shared-gpus=all: claims take 16 GiB each (four per H100).
 	{name: "memshare", layout: sharedBy(func(p *sharing.Policy) error { return p.ParseMemoryShared("all") }), class: "memory.gpu.tessera.dev",
 		capacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("16Gi")}},
-	// DynamicMIG and LazyMIG on (their defaults), each node as it publishes
-	// before any GPU is partitioned: the whole GPUs, and one spare GPU's
-	// partitions and counter set.
+	// DynamicMIG and LazyMIG on (their defaults): each node publishes its
+	// whole GPUs, its counter sets and one spare GPU's partitions, and is
+	// republished as the scheduler allocates on it.
 	{name: "lazy1g", layout: dynamicMIG, lazy: true, class: migClass, selector: mig1gSelector},
 	{name: "lazywhole", layout: dynamicMIG, lazy: true, class: gpuClass},
 	// A lever (a shape the plugin does not publish), with both kinds of pod
@@ -114,8 +115,9 @@ const schedulerAPIQPS = 5000
 //
 // Cases (schedCases): whole GPUs with DynamicMIG off; dynamic MIG with pods
 // asking for a 1g.10gb and for a whole GPU, every partition published
-// (LazyMIG off) and lazily (as shipped; static, since no kubelet prepares
-// to make the nodes republish); GPUs time-sliced four ways; GPUs shared by
+// (LazyMIG off) and lazily (as shipped, each node republished as the
+// scheduler allocates on it, as its plugin would after the prepare); GPUs
+// time-sliced four ways; GPUs shared by
 // memory, 16 GiB a claim; and a lever, a dynamic-MIG shape the plugin does
 // not publish (sched_shapes_test.go), with both kinds of pod.
 // Sizes: 100, 500 and 1,000 nodes (make bench runs 100 and 500; SCHED_BENCH
@@ -211,6 +213,10 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	noErr(b, parallel(names, func(name string) error {
 		return ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, benchClaim(ns, name, sc), metav1.CreateOptions{}))
 	}))
+	stopRepublishing := func() int { return 0 }
+	if sc.lazy {
+		stopRepublishing = republishLazily(ctx, b, client, ns, gpus, layout)
+	}
 
 	w := watchBindings(ctx, b, client, ns)
 	algBefore := schedulerHistogram(ctx, b, c, "scheduler_scheduling_algorithm_duration_seconds")
@@ -230,6 +236,9 @@ func runSchedCase(b *testing.B, sc schedCase, gpus [][]discovery.GPU, pods int) 
 	b.StopTimer()
 	if err != nil {
 		b.Fatal(err)
+	}
+	if n := stopRepublishing(); sc.lazy {
+		b.Logf("the nodes republished their devices %d times as the scheduler allocated", n)
 	}
 	cpuAfter, err := c.SchedulerCPU()
 	noErr(b, err)
