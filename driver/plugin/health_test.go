@@ -91,6 +91,17 @@ func (h *healthHarness) awaitSlices(what string, ok func(map[string][]string) bo
 	}
 }
 
+// sliceWrites counts the writes to ResourceSlices the fake API server took.
+func (h *healthHarness) sliceWrites() int {
+	n := 0
+	for _, a := range h.client.Actions() {
+		if a.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "delete"}, a.GetVerb()) {
+			n++
+		}
+	}
+	return n
+}
+
 // awaitSliceController waits until kubeletplugin's ResourceSlice controller
 // publishes: the plugin writes a fresh node's first slices itself, and the
 // controller acts one informer-sync poll (a second, upstream) after it
@@ -365,15 +376,7 @@ func TestAHealthChangeRewritesEverySliceItsGPUSpans(t *testing.T) {
 			h := startHealth(t, tc.profile, tc.gates...)
 			published := h.awaitSlices("initial slices", func(m map[string][]string) bool { return len(m) == tc.devices })
 			h.awaitSliceController()
-			writes := func() int {
-				n := 0
-				for _, a := range h.client.Actions() {
-					if a.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "delete"}, a.GetVerb()) {
-						n++
-					}
-				}
-				return n
-			}
+			writes := h.sliceWrites
 			before := writes()
 			// Every device of GPU 1: the whole GPU and, with dynamic MIG,
 			// its partitions (named gpu-1-mig-...).

@@ -149,15 +149,7 @@ func TestLazyMIGFollowsTheNodesPartitions(t *testing.T) {
 	// Opening and closing a GPU's partitions is one write: its whole
 	// device and partitions change in the device slice; the counter sets
 	// stay.
-	writes := func() int {
-		n := 0
-		for _, a := range h.client.Actions() {
-			if a.GetResource().Resource == "resourceslices" && slices.Contains([]string{"create", "update", "delete"}, a.GetVerb()) {
-				n++
-			}
-		}
-		return n
-	}
+	writes := h.sliceWrites
 	before := writes()
 	a := h.claim("a", "gpu-7-mig-1g10gb-6")
 	prepare(a)

@@ -30,6 +30,19 @@ type lazyNode struct {
 	held      map[string]int // device name -> claims holding it
 }
 
+// newLazyNode is an empty DGX H100 published lazily with one spare.
+func newLazyNode(t *testing.T) *lazyNode {
+	t.Helper()
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
+	n := &lazyNode{t: t, inv: inventory.Build(gpus, inventory.Options{DynamicMIG: true}), policy: lazymig.Policy{Spares: 1, Grace: time.Minute}, c: simulate.New(classes, nil), held: map[string]int{}}
+	n.republish()
+	return n
+}
+
 func (n *lazyNode) republish() {
 	n.t.Helper()
 	partitioned, whole := map[string]bool{}, map[string]bool{}
@@ -141,13 +154,7 @@ func TestLazyPublishingRefusesNothingThatFitsAndNeverOverlaps(t *testing.T) {
 // TestLazyPublishingPacksPartitions: a partition lands beside the node's
 // others before it opens the spare, whose index is above theirs.
 func TestLazyPublishingPacksPartitions(t *testing.T) {
-	classes, err := deviceclass.All()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
-	n := &lazyNode{t: t, inv: inventory.Build(gpus, inventory.Options{DynamicMIG: true}), policy: lazymig.Policy{Spares: 1, Grace: time.Minute}, c: simulate.New(classes, nil), held: map[string]int{}}
-	n.republish()
+	n := newLazyNode(t)
 	var got []string
 	for range 7 {
 		res := allocate(t, n.c, profileClaim("1g.10gb"))
@@ -176,13 +183,7 @@ func TestLazyPublishingPacksPartitions(t *testing.T) {
 // consume from the devices as published now, must then refuse every
 // partition of it. The real allocator decides here, over every partition.
 func TestAWholeGPUTakenWhileClosedBlocksItsPartitionsWhenTheyOpen(t *testing.T) {
-	classes, err := deviceclass.All()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, gpus := fixtures.Node(t, profile(t, "dgx-h100"), node)
-	n := &lazyNode{t: t, inv: inventory.Build(gpus, inventory.Options{DynamicMIG: true}), policy: lazymig.Policy{Spares: 1, Grace: time.Minute}, c: simulate.New(classes, nil), held: map[string]int{}}
-	n.republish()
+	n := newLazyNode(t)
 	res := allocate(t, n.c, wholeClaim())
 	if res == nil || res[0].Devices.Results[0].Device != "gpu-0" {
 		t.Fatalf("a whole GPU on an empty node: %v, want gpu-0", res)
