@@ -74,7 +74,7 @@ type lazyMIG struct {
 	seen map[string]time.Time
 	// withdrew names the GPUs whose partitions this instance withdrew while
 	// the API may still show them, tainted: that is the write on its way.
-	withdrew map[string]bool
+	withdrew map[string]lazymig.State
 	// listFailed is when listing the claims last failed; it is not tried
 	// again before listBackoff has passed.
 	listFailed time.Time
@@ -86,7 +86,7 @@ type lazyMIG struct {
 
 func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string) *lazyMIG {
 	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), pins: map[string]int{},
-		seen: map[string]time.Time{}, withdrew: map[string]bool{}, marker: marker}
+		seen: map[string]time.Time{}, withdrew: map[string]lazymig.State{}, marker: marker}
 }
 
 // poke asks for a new decision.
@@ -311,7 +311,7 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 	}
 	for _, g := range in {
 		if _, kept := d.States[g.Name]; !kept && g.Published.Open {
-			l.withdrew[g.Name] = true
+			l.withdrew[g.Name] = g.Published
 		}
 	}
 	for g := range d.States {
@@ -400,8 +400,9 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 			delete(l.withdrew, g) // our withdrawal has landed
 		}
 		switch {
-		case !s.Open, l.withdrew[g]:
-			// Nothing shown, or what we withdrew, still on its way out.
+		case !s.Open, l.withdrew[g] == s:
+			// Nothing shown, or what we withdrew, still on its way out (a
+			// taint stamped otherwise is another instance's, news).
 		case !pub.Open:
 			// Published by another instance (a rolling update): withdraw
 			// it only through the taint and the grace, as if ours.
@@ -440,8 +441,14 @@ const (
 func lazyMIGApplies(inv *inventory.Inventory) bool { return len(slices.LazyGPUs(inv)) > 0 }
 
 // after (re)arms t to fire in d, returning it and its channel.
+// A time already past (the clock moved while deciding) asks for a decision
+// at once instead: a timer set for now may wait for the next tick of a
+// clock that does not tick by itself.
 func (l *lazyMIG) after(t clock.Timer, d time.Duration) (clock.Timer, <-chan time.Time) {
-	d = max(d, 0)
+	if d <= 0 {
+		l.poke()
+		d = time.Hour // and keep t armed, to be reset
+	}
 	if t == nil {
 		t = l.clock.NewTimer(d)
 	} else {

@@ -11,9 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -274,6 +276,8 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 		next     clock.Timer     // when a withdrawal's grace ends
 		nextC    <-chan time.Time
 		decided  *lazymig.Decision // the last decision published
+		// published is what was last handed to the slice controller.
+		published *resourceslice.DriverResources
 	)
 	if lazy != nil {
 		lazyWake = lazy.wake
@@ -315,10 +319,18 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 				klog.FromContext(ctx).Info("Publishing through the ResourceSlice controller only", "reason", perr)
 			}
 		}
+		if err == nil && published != nil && apiequality.Semantic.DeepEqual(*published, res) {
+			// Unchanged (a prepare's wake, our own write seen): each
+			// PublishResources makes the upstream controller sync, and a
+			// sync against a cache that has not seen its last write yet
+			// writes the same slices again.
+			return
+		}
 		if err == nil {
 			err = p.helper.PublishResources(ctx, res)
 		}
 		if err == nil {
+			published = &res
 			p.driver.metrics.publishedDevices(&res)
 		}
 		if err != nil && ctx.Err() == nil {
