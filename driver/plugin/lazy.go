@@ -400,7 +400,7 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 			delete(l.withdrew, g) // our withdrawal has landed
 		}
 		switch {
-		case !s.Open, l.withdrew[g] == s:
+		case !s.Open, sameState(l.withdrew[g], s):
 			// Nothing shown, or what we withdrew, still on its way out (a
 			// taint stamped otherwise is another instance's, news).
 		case !pub.Open:
@@ -416,6 +416,10 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 	}
 	return lazymig.Decide(in, l.policy, l.clock.Now()), in, nil
 }
+
+// sameState compares two published states by instant, not by how their
+// times were made (a parsed time and a computed one differ in ==).
+func sameState(a, b lazymig.State) bool { return a.Open == b.Open && a.Closing.Equal(b.Closing) }
 
 // expired names the free GPUs whose partitions were published being
 // withdrawn and that d withdraws.
