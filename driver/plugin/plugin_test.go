@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -112,15 +113,25 @@ func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plug
 	if err := os.MkdirAll(h.opts.RegistrarDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	// The fake clientset does not implement generateName; the slice
-	// controller relies on it for every slice after the first.
-	var seq int
-	h.client.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		obj := action.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice)
-		if obj.Name == "" && obj.GenerateName != "" {
+	// The fake clientset implements neither generateName nor
+	// resourceVersion on the objects it stores; a real API server does
+	// both. The slice controller relies on generateName for every slice
+	// after the first, and on the versions to read its own writes back
+	// from its mutation cache before its informer sees them: without them
+	// a second sync in that window rewrites a slice it has just written
+	// (upstream Update queues the pool twice, so one often follows).
+	var seq, version int
+	h.client.PrependReactor("*", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetVerb() != "create" && action.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		obj := action.(interface{ GetObject() runtime.Object }).GetObject().(*resourceapi.ResourceSlice)
+		if action.GetVerb() == "create" && obj.Name == "" && obj.GenerateName != "" {
 			seq++
 			obj.Name = fmt.Sprintf("%s%05d", obj.GenerateName, seq)
 		}
+		version++
+		obj.ResourceVersion = strconv.Itoa(version)
 		return false, nil, nil
 	})
 	for _, f := range apiServer {
