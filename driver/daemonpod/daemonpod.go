@@ -52,6 +52,12 @@ type Host struct {
 	ReadyTimeout time.Duration
 }
 
+// Runs says whether daemons start here: Image is set. Without it, Stop and
+// Claims still clean up the daemons an earlier configuration started, so
+// that turning a kind of daemon off never leaves a claim that cannot be
+// unprepared.
+func (h *Host) Runs() bool { return h.Image != "" }
+
 // Labels are a daemon pod's labels: its app, this node and its claim.
 func (h *Host) Labels(app, claimUID string) map[string]string {
 	return map[string]string{LabelApp: app, LabelNode: h.NodeName, LabelClaimUID: claimUID}

@@ -137,6 +137,9 @@ func (d *Daemons) Config(daemon prepare.IMEXDaemon) (config, nodes string, err e
 // Start writes the daemon's configuration, runs its pod (replacing one
 // configured for other nodes) and waits until it is ready.
 func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
+	if !d.Runs() {
+		return fmt.Errorf("IMEX daemon %s: the plugin runs without an IMEX daemon image (--imex-image)", daemon.Pod)
+	}
 	config, nodes, err := d.Config(daemon)
 	if err != nil {
 		return err

@@ -67,6 +67,9 @@ func (d *Daemons) Locate(claimUID string) checkpoint.MPSDaemon {
 
 // Start runs the claim's daemon and waits until its container runs.
 func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edits, error) {
+	if !d.Runs() {
+		return cdi.Edits{}, fmt.Errorf("MPS daemon %s: the plugin runs without an MPS daemon image (--mps-image)", daemon.Pod)
+	}
 	for _, sub := range []string{"pipe", "log", "shm"} {
 		if err := os.MkdirAll(filepath.Join(daemon.Dir, sub), 0o755); err != nil {
 			return cdi.Edits{}, fmt.Errorf("MPS directories: %w", err)

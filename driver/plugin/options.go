@@ -112,8 +112,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TimeSlicedGPUs, "time-sliced-gpus", env("TIME_SLICED_GPUS", ""), "GPUs that independent claims share by time-slicing, each cut into N slices the scheduler hands out one per claim (never more than N): comma-separated SELECTOR=N, SELECTOR being all, a GPU index or a GPU UUID (e.g. all=4 or 0=2,1=8). Shared GPUs are offered whole only, not as MIG partitions. Environment: TIME_SLICED_GPUS.")
 	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
 	fs.StringVar(&o.Namespace, "namespace", env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
-	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused. Environment: MPS_IMAGE.")
-	fs.StringVar(&o.IMEXImage, "imex-image", env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails. Environment: IMEX_IMAGE.")
+	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused (daemons started before still stop when their claims are unprepared). Environment: MPS_IMAGE.")
+	fs.StringVar(&o.IMEXImage, "imex-image", env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails (daemons started before still stop when their claims are unprepared). Environment: IMEX_IMAGE.")
 	fs.IntVar(&o.IMEXPort, "imex-port", 50000, "TCP port of the IMEX daemons (their SERVER_PORT), on the node's InternalIP; the same on every node.")
 	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
 	fs.IntVar(&o.MIGSpareGPUs, "mig-spare-gpus", DefaultMIGSpareGPUs, "With LazyMIG: how many free GPUs' MIG partitions each node publishes besides those of the GPUs already partitioned (0 means the default). A claim whose partitions must span more GPUs than are partitioned or spare cannot be allocated on the node; raise this for such claims (8 publishes every partition).")
@@ -188,19 +188,22 @@ func (o *Options) gates() featuregate.FeatureGate {
 	return o.FeatureGates
 }
 
-// mpsDaemons runs MPS daemons as pods in the plugin's namespace; nil (MPS
-// claims refused) without --mps-image.
+// mpsDaemons runs MPS daemons as pods in the plugin's namespace. Without
+// --mps-image it runs none (MPS claims are refused) but still stops those
+// an earlier configuration started, at unprepare and in the daemon sweep;
+// nil only without a namespace, where none can have run.
 func (o *Options) mpsDaemons(client kubernetes.Interface, driverRoot string) *mps.Daemons {
-	if o.MPSImage == "" {
+	if o.Namespace == "" {
 		return nil
 	}
 	return &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.MPSImage, Dir: filepath.Join(o.PluginDataDir, "mps"), DriverRoot: driverRoot}}
 }
 
-// imexDaemons runs IMEX daemons as pods in the plugin's namespace; nil
-// (none run) without --imex-image.
+// imexDaemons runs IMEX daemons as pods in the plugin's namespace. Without
+// --imex-image it runs none (the chart's kubeletPlugin.imex.enabled false)
+// but, like mpsDaemons, still stops those that ran before.
 func (o *Options) imexDaemons(client kubernetes.Interface, driverRoot string) *imex.Daemons {
-	if o.IMEXImage == "" {
+	if o.Namespace == "" {
 		return nil
 	}
 	return &imex.Daemons{Host: daemonpod.Host{Client: client, Namespace: o.Namespace, NodeName: o.Node.NodeName, Image: o.IMEXImage, Dir: filepath.Join(o.PluginDataDir, "imex"), DriverRoot: driverRoot}, Port: o.IMEXPort}

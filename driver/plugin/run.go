@@ -54,9 +54,10 @@ type Plugin struct {
 	// server serves the metrics and liveness; nil when --metrics-address
 	// and --health-address are empty.
 	server *metricsserver.Server
-	// mps runs MPS daemons; nil without --mps-image.
+	// mps runs MPS daemons (with --mps-image) and stops them (always);
+	// nil without a namespace.
 	mps *mps.Daemons
-	// imex runs IMEX daemons; nil without --imex-image.
+	// imex is mps for IMEX daemons (--imex-image).
 	imex *imex.Daemons
 	// registered is closed once the kubelet registered the plugin: the
 	// first publish waits for it, at most registrationWait.

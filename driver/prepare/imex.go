@@ -23,6 +23,10 @@ type IMEXDaemons interface {
 	Start(ctx context.Context, d IMEXDaemon) error
 	// Stop stops a daemon and removes its files.
 	Stop(ctx context.Context, d checkpoint.Daemon) error
+	// Runs says whether Start can start daemons. Without (no image),
+	// Locate and Stop still clean up what an earlier configuration
+	// started, and domain claims get no daemon.
+	Runs() bool
 }
 
 // IMEXDaemon is what a domain claim's daemon on this node serves.
@@ -41,7 +45,7 @@ type IMEXDaemon struct {
 // gang, names no set of nodes to configure: it gets its channel and no
 // daemon (docs/gang.md).
 func (m *Manager) needsIMEX(claim *resourceapi.ResourceClaim) bool {
-	if m.cfg.IMEX == nil || claim.Status.Allocation == nil {
+	if m.cfg.IMEX == nil || !m.cfg.IMEX.Runs() || claim.Status.Allocation == nil {
 		return false
 	}
 	if _, ok := claim.Annotations[gangv1.AnnotationNodes]; !ok || claim.Annotations[gangv1.AnnotationPlacement] == "" {
@@ -79,7 +83,7 @@ func (m *Manager) stopDaemons(ctx context.Context, c checkpoint.Claim) error {
 		return nil
 	}
 	if m.cfg.IMEX == nil {
-		return fmt.Errorf("claim %s has an IMEX daemon (%s) but the plugin runs without IMEX daemons; start it with --imex-image to clean up", claimRef(c.Namespace, c.Name), c.IMEX.Pod)
+		return fmt.Errorf("claim %s has an IMEX daemon (%s) but the plugin was given no way to stop IMEX daemons", claimRef(c.Namespace, c.Name), c.IMEX.Pod)
 	}
 	if err := m.cfg.IMEX.Stop(ctx, *c.IMEX); err != nil {
 		return err

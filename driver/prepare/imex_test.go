@@ -24,7 +24,11 @@ type fakeIMEX struct {
 	started   []prepare.IMEXDaemon
 	stopped   []string
 	failStart error
+	// off is a plugin without an IMEX image: it stops daemons, starts none.
+	off bool
 }
+
+func (f *fakeIMEX) Runs() bool { return !f.off }
 
 func (f *fakeIMEX) Locate(uid string) checkpoint.Daemon {
 	return checkpoint.Daemon{Pod: "tessera-imex-" + uid, Dir: "/imex/" + uid}
@@ -96,6 +100,42 @@ func TestAGangsNVLinkDomainClaimRunsItsIMEXDaemonUntilUnprepared(t *testing.T) {
 	}
 	if _, ok := load(t, e.dataDir).Claims[string(c.UID)]; ok || e.domainSpecExists(c.UID) {
 		t.Errorf("unprepare left the record (%v) or the spec (%v)", ok, e.domainSpecExists(c.UID))
+	}
+}
+
+// TestTurningIMEXOffStopsTheDaemonsThatRanAndStartsNone: once the plugin
+// restarts without IMEX daemons (no image), a new gang domain claim gets
+// its channel and no daemon, and the claim prepared before still has its
+// daemon stopped at unprepare.
+func TestTurningIMEXOffStopsTheDaemonsThatRanAndStartsNone(t *testing.T) {
+	e := newEnv(t, "gb200-nvl72-tray")
+	imex := &fakeIMEX{}
+	e.imex = imex
+	m := e.start()
+	before := nvlinkClaim("before", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
+	if _, err := m.PrepareDomain(context.Background(), before, e.nvlinkPreparer().Prepare); err != nil {
+		t.Fatal(err)
+	}
+	imex.off = true
+	m = e.start()
+	after := nvlinkClaim("after", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
+	after.Status.Allocation.Devices.Results[0].Device = domain.DeviceName(1)
+	if _, err := m.PrepareDomain(context.Background(), after, e.nvlinkPreparer().Prepare); err != nil {
+		t.Fatal(err)
+	}
+	if len(imex.started) != 1 {
+		t.Errorf("daemons started: %+v, want only the one from before IMEX was turned off", imex.started)
+	}
+	if rec := load(t, e.dataDir).Claims[string(after.UID)]; rec.IMEX != nil {
+		t.Errorf("claim prepared with IMEX off recorded with a daemon: %+v", rec)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{before, after} {
+		if err := m.Unprepare(context.Background(), c.UID); err != nil {
+			t.Fatalf("unprepare of %s with IMEX off: %v", c.Name, err)
+		}
+	}
+	if want := []string{"tessera-imex-" + string(before.UID)}; !slices.Equal(imex.stopped, want) {
+		t.Errorf("daemons stopped: %v, want %v", imex.stopped, want)
 	}
 }
 

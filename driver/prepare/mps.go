@@ -21,6 +21,10 @@ type MPSDaemons interface {
 	Start(ctx context.Context, d MPSDaemon) (cdi.Edits, error)
 	// Stop stops a daemon and removes its files.
 	Stop(ctx context.Context, d checkpoint.MPSDaemon) error
+	// Runs says whether Start can start daemons. Without (no image),
+	// Locate and Stop still clean up what an earlier configuration
+	// started, and claims asking for MPS are refused.
+	Runs() bool
 }
 
 // MPSDaemon is what a claim's daemon serves.
@@ -69,7 +73,7 @@ func (m *Manager) stopMPS(ctx context.Context, c checkpoint.Claim) error {
 		return nil
 	}
 	if m.cfg.MPS == nil {
-		return fmt.Errorf("claim %s has an MPS daemon (%s) but the plugin runs without MPS support; start it with --mps-image to clean up", claimRef(c.Namespace, c.Name), c.MPS.Pod)
+		return fmt.Errorf("claim %s has an MPS daemon (%s) but the plugin was given no way to stop MPS daemons", claimRef(c.Namespace, c.Name), c.MPS.Pod)
 	}
 	if err := m.cfg.MPS.Stop(ctx, *c.MPS); err != nil {
 		return err

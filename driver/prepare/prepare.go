@@ -31,7 +31,7 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
-	if mps != nil && m.cfg.MPS == nil {
+	if mps != nil && (m.cfg.MPS == nil || !m.cfg.MPS.Runs()) {
 		return nil, fmt.Errorf("claim %s: sharing strategy MPS is not available: the plugin runs without an MPS daemon image (--mps-image); ask the operator to set it, or use TimeSlicing", ref)
 	}
 	unlock, err := m.lockClaim(uid)

@@ -256,7 +256,11 @@ type fakeMPS struct {
 	stopped []string
 	running map[string]bool // by pod
 	dir     string
+	// off is a plugin without an MPS image: it stops daemons, starts none.
+	off bool
 }
+
+func (f *fakeMPS) Runs() bool { return !f.off }
 
 // Running lists the pods of the daemons started and not stopped since.
 func (f *fakeMPS) Running() []string {

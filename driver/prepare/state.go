@@ -156,10 +156,13 @@ type Config struct {
 	// Settings changes GPU settings claims need (compute mode, power
 	// limit); nil refuses claims that need any.
 	Settings GPUSettings
-	// MPS runs MPS control daemons; nil refuses claims asking for MPS.
+	// MPS runs MPS control daemons; nil, or one that does not run them,
+	// refuses claims asking for MPS. Set it whenever daemons may have
+	// run: it stops them at unprepare even when it starts none.
 	MPS MPSDaemons
 	// IMEX runs the IMEX daemons of gang domain claims on NVLink domains;
-	// nil runs none (the node's operator runs IMEX).
+	// nil, or one that does not run them, runs none (the node's operator
+	// runs IMEX). Like MPS, set it to stop what ran before.
 	IMEX IMEXDaemons
 	// ClaimEnv, if set, adds environment for every container given the
 	// claim (the gang controller's rank and size, read from the claim's
