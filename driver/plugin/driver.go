@@ -81,6 +81,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // orphan), refuses a device on a lost GPU (health.go), else delegates.
 func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if domain.Has(d.domains.Driver, c) {
+		defer d.metrics.preparing()()
 		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
 	}
 	if err := d.refuseLost(ctx, c); err != nil {
@@ -89,6 +90,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if d.lazy != nil {
 		defer d.lazy.pin(c)()
 	}
+	defer d.metrics.preparing()() // after the pin: a test waits for it
 	return d.claims.Prepare(ctx, c)
 }
 

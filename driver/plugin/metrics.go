@@ -21,6 +21,8 @@ type claimMetrics struct {
 	// published is the number of devices last handed to the slice
 	// controller.
 	published prometheus.Gauge
+	// inFlight counts the claims being prepared now.
+	inFlight prometheus.Gauge
 }
 
 // newClaimMetrics registers the claim metrics, and the prepared-devices gauge
@@ -49,6 +51,10 @@ func newClaimMetrics(reg prometheus.Registerer, mgr *prepare.Manager) (*claimMet
 			Name: "tessera_published_devices",
 			Help: "Devices (whole GPUs, MIG partitions) in the ResourceSlices last published for this node.",
 		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tessera_prepares_in_flight",
+			Help: "Claims being prepared now; one that stays is stuck (a daemon that does not start, a claim lock the other instance of a rolling update holds).",
+		}),
 	}
 	prepared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tessera_prepared_devices",
@@ -62,7 +68,7 @@ func newClaimMetrics(reg prometheus.Registerer, mgr *prepare.Manager) (*claimMet
 		}
 		return float64(n)
 	})
-	for _, c := range []prometheus.Collector{m.prepares, m.duration, m.unprepares, m.unprepareDurations, m.published, prepared,
+	for _, c := range []prometheus.Collector{m.prepares, m.duration, m.unprepares, m.unprepareDurations, m.published, m.inFlight, prepared,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register plugin metrics: %w", err)
@@ -114,6 +120,15 @@ func (m *claimMetrics) unprepared(err error, took time.Duration) {
 	}
 	m.unprepares.WithLabelValues(result(err)).Inc()
 	m.unprepareDurations.Observe(took.Seconds())
+}
+
+// preparing counts a claim's prepare in flight until the returned func.
+func (m *claimMetrics) preparing() func() {
+	if m == nil {
+		return func() {}
+	}
+	m.inFlight.Inc()
+	return m.inFlight.Dec
 }
 
 // publishedDevices records what a successful publish handed over.

@@ -92,6 +92,7 @@ func TestMetricsAreServedOnTheMetricsAddress(t *testing.T) {
 		`tessera_prepare_total{result="error"} 1`,
 		`tessera_prepare_duration_seconds_count 2`,
 		`tessera_prepared_devices 1`,
+		`tessera_prepares_in_flight 0`,
 		`tessera_published_devices 4`, // the four L4s (no MIG on L4)
 	)
 	if !regexp.MustCompile(`(?m)^tessera_health_events_total\{gpu="gpu-1",kind="xid",uuid="GPU-[^"]+",xid="48"\} 1$`).MatchString(body) {
