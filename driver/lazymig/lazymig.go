@@ -23,9 +23,9 @@
 //     API is allocated one of the partitions (a pod waiting for a volume
 //     is prepared late, a claim tolerating the taint allocated late).
 //
-// A GPU that holds a partition is always published without the taint; a
-// prepare of a partition that is not published (it raced a withdrawal)
-// republishes its GPU's partitions at once, because it then holds one.
+// A GPU that holds a partition, or one being prepared, is always published
+// without the taint; a prepare of a partition that is not published (it
+// raced a withdrawal) republishes its GPU's partitions at once.
 package lazymig
 
 import (
@@ -47,6 +47,13 @@ type GPU struct {
 	// Partitioned: a prepared claim (or one being prepared) holds one of
 	// its partitions.
 	Partitioned bool
+	// Pinned: a prepare in flight asks for one of its partitions. Its
+	// partitions stay published without the taint, as a partitioned GPU's
+	// do, but it still counts as free when the spares are picked: a
+	// prepare on the spare opens no other GPU until it holds its
+	// partition (Partitioned), so a prepare that fails, and each retry of
+	// it, changes nothing.
+	Pinned bool
 	// WholeHeld: a prepared claim (or one being prepared) holds the whole
 	// GPU exclusively.
 	WholeHeld bool
@@ -114,9 +121,13 @@ func Decide(gpus []GPU, p Policy, now time.Time) Decision {
 	}
 	for i, g := range gpus {
 		switch {
-		case g.WholeHeld && !g.Partitioned:
+		case g.WholeHeld && !g.Partitioned && !g.Pinned:
 			// Safe to withdraw at once (package doc).
-		case g.Partitioned:
+		case g.Partitioned, g.Pinned && !spare[i]:
+			// A pinned GPU that is no spare (a partition allocated
+			// before the taint, prepared now) is about to hold one:
+			// ordered as held already, so that its prepare completing
+			// does not reorder what is published.
 			d.States[g.Name] = State{Open: true}
 			partitioned = append(partitioned, g.Name)
 		case spare[i]:

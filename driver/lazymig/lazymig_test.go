@@ -151,13 +151,13 @@ func TestDecideKeepsItsPromises(t *testing.T) {
 		now := t0
 		for step := range 60 {
 			g := &gpus[rng.IntN(len(gpus))]
-			switch rng.IntN(5) {
+			switch rng.IntN(7) {
 			case 0: // a partition prepared: only where one could be allocated
 				if g.Published.Open && !g.WholeHeld {
-					g.Partitioned = true
+					g.Partitioned, g.Pinned = true, false
 				}
 			case 1:
-				if !g.Partitioned {
+				if !g.Partitioned && !g.Pinned {
 					g.WholeHeld = true
 				}
 			case 2:
@@ -166,6 +166,12 @@ func TestDecideKeepsItsPromises(t *testing.T) {
 				g.Unhealthy = !g.Unhealthy
 			case 4:
 				now = now.Add(time.Duration(rng.IntN(300)) * time.Second)
+			case 5: // a partition's prepare begins (it may have raced a withdrawal)
+				if !g.WholeHeld {
+					g.Pinned = true
+				}
+			case 6: // and fails
+				g.Pinned = false
 			}
 			d := Decide(gpus, p, now)
 			where := fmt.Sprintf("sequence %d step %d", seq, step)
@@ -177,13 +183,20 @@ func TestDecideKeepsItsPromises(t *testing.T) {
 
 func check(t *testing.T, where string, gpus []GPU, p Policy, now time.Time, d Decision) {
 	t.Helper()
-	free, spares := 0, 0
+	// The spares: the free healthy GPUs from the highest index down,
+	// whether a prepare is in flight on them or not.
+	spare := map[string]bool{}
+	for i := len(gpus) - 1; i >= 0 && len(spare) < p.Spares; i-- {
+		if g := gpus[i]; !g.Partitioned && !g.WholeHeld && !g.Unhealthy {
+			spare[g.Name] = true
+		}
+	}
 	for _, g := range gpus {
 		s, published := d.States[g.Name]
 		switch {
-		case g.Partitioned:
+		case g.Partitioned || g.Pinned:
 			if !published || s.IsClosing() {
-				t.Fatalf("%s: %s holds a partition but is published as %+v (%v)", where, g.Name, s, published)
+				t.Fatalf("%s: %s holds a partition (or one is being prepared) but is published as %+v (%v)", where, g.Name, s, published)
 			}
 		case g.WholeHeld:
 			if published && !g.Published.Open {
@@ -199,25 +212,16 @@ func check(t *testing.T, where string, gpus []GPU, p Policy, now time.Time, d De
 			if published && s.IsClosing() && g.Published.IsClosing() && !s.Closing.Equal(g.Published.Closing) {
 				t.Fatalf("%s: %s's countdown restarted: %v, then %v", where, g.Name, g.Published.Closing, s.Closing)
 			}
-			if !g.Unhealthy {
-				free++
-			}
-			if published && !s.IsClosing() {
-				if g.Unhealthy {
-					t.Fatalf("%s: unhealthy %s was chosen as a spare", where, g.Name)
-				}
-				spares++
-			}
 		}
-	}
-	if want := min(free, p.Spares); spares != want {
-		t.Fatalf("%s: %d spares published, want %d (free healthy GPUs %d)", where, spares, want, free)
+		if open := published && !s.IsClosing(); open != (g.Partitioned || g.Pinned || spare[g.Name]) {
+			t.Fatalf("%s: %s published open %v, but partitioned %v, being prepared %v, a spare %v (spares %v)", where, g.Name, open, g.Partitioned, g.Pinned, spare[g.Name], spare)
+		}
 	}
 	rank := func(name string) int {
 		for _, g := range gpus {
 			if g.Name == name {
 				switch s := d.States[name]; {
-				case g.Partitioned:
+				case g.Partitioned || g.Pinned && !spare[name]:
 					return 0
 				case !s.IsClosing():
 					return 1
@@ -227,6 +231,6 @@ func check(t *testing.T, where string, gpus []GPU, p Policy, now time.Time, d De
 		return 2
 	}
 	if !slices.IsSortedFunc(d.Order, func(a, b string) int { return rank(a) - rank(b) }) || len(d.Order) != len(d.States) {
-		t.Fatalf("%s: order %v, states %v: want every published GPU once, partitioned, then spares, then closing", where, d.Order, d.States)
+		t.Fatalf("%s: order %v, states %v: want every published GPU once, partitioned or being prepared, then spares, then closing", where, d.Order, d.States)
 	}
 }

@@ -381,10 +381,15 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 			}
 		}
 	}
+	pinned := map[string]bool{}
 	for name := range pins {
-		// A prepare in flight holds a partition already; a whole GPU's
-		// partitions stay until the checkpoint says it is held.
-		mark(name, false)
+		// A prepare in flight keeps its partition's GPU open, but moves
+		// no spare until the checkpoint says the partition is held
+		// (lazymig.GPU.Pinned); a whole GPU's partitions stay until the
+		// checkpoint says it is held.
+		if dev, ok := inv.Lookup(name); ok && dev.Kind == inventory.Partition {
+			pinned[dev.GPU.Name()] = true
+		}
 	}
 	shown, _ := l.shown(inv)
 	now := l.clock.Now()
@@ -412,7 +417,7 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 			// rewrite each other's.
 			pub.Closing = s.Closing
 		}
-		in = append(in, lazymig.GPU{Name: g, Partitioned: partitioned[g], WholeHeld: whole[g], Unhealthy: unhealthy(g), Published: pub})
+		in = append(in, lazymig.GPU{Name: g, Partitioned: partitioned[g], Pinned: pinned[g], WholeHeld: whole[g], Unhealthy: unhealthy(g), Published: pub})
 	}
 	return lazymig.Decide(in, l.policy, l.clock.Now()), in, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/lazymig"
+	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/plugin"
 	tslices "github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/test/kubeletsim"
@@ -26,13 +27,16 @@ const partitionsPerH100 = 25
 
 const lazyGrace = 10 * time.Minute
 
-func startLazy(t *testing.T) (*healthHarness, *testingclock.FakeClock) {
+func startLazy(t *testing.T, adjust ...func(*plugin.Options)) (*healthHarness, *testingclock.FakeClock) {
 	t.Helper()
 	clk := testingclock.NewFakeClock(healthStart)
 	h, n := startOnFakeNode(t, "dgx-h100", func(o *plugin.Options) {
 		o.Clock = clk
 		o.MIGWithdrawGrace = lazyGrace
 		o.Health = health.Options{QuietPeriod: 24 * time.Hour, ProbeInterval: time.Second, WaitTimeout: 10 * time.Millisecond, Clock: clk}
+		for _, f := range adjust {
+			f(o)
+		}
 	})
 	return &healthHarness{node: n, clock: clk, harness: h}, clk
 }
@@ -331,4 +335,76 @@ func (h *healthHarness) awaitWithdrawn(clk *testingclock.FakeClock, step string,
 	}
 	clk.Step(lazyGrace)
 	h.awaitLazy(step+", counted again once", want)
+}
+
+// TestAPrepareInFlightOnTheSpareOpensNoOtherGPU: while a partition of the
+// spare is being prepared (held up here by its claim's lock, as the other
+// instance of a rolling update holds it), the node publishes what it did
+// before, so a prepare that fails, and each retry of it, rewrites nothing.
+// The spare moves on, in one write, once the claim is held.
+func TestAPrepareInFlightOnTheSpareOpensNoOtherGPU(t *testing.T) {
+	h, _ := startLazy(t, func(o *plugin.Options) { o.PodUID = "pod-a" })
+	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+	h.awaitSliceController()
+	c := h.claim("a", "gpu-7-mig-1g10gb-6")
+	unlock, err := nodelock.New(h.opts.PluginDataDir).LockClaim(c.UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			unlock()
+		}
+	}
+	t.Cleanup(release) // first: the plugin's Stop waits for the prepare
+	done := make(chan string, 1)
+	go func() {
+		resp, err := h.kubelet.Prepare(h.ctx, c)
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		done <- resp.Claims[string(c.UID)].GetError()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for inFlight(t, h.plugin) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the prepare never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The prepare is in flight, its partition pinned. A fault on gpu-0
+	// makes the plugin decide and publish now; that one write is all.
+	before := h.sliceWrites()
+	h.republished("a partition of the spare being prepared", 0, map[string]string{"gpu-7": "open"})
+	if n := h.sliceWrites() - before; n != 1 {
+		t.Errorf("publishing gpu-0's fault during the prepare wrote %d slices, want 1", n)
+	}
+	release()
+	if msg := <-done; msg != "" {
+		t.Fatalf("prepare: %s", msg)
+	}
+	before = h.sliceWrites()
+	h.awaitLazy("the claim held on gpu-7", map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	if n := h.sliceWrites() - before; n != 1 {
+		t.Errorf("opening gpu-6 wrote %d slices, want 1", n)
+	}
+}
+
+// inFlight is the plugin's tessera_prepares_in_flight gauge.
+func inFlight(t *testing.T, p *plugin.Plugin) float64 {
+	t.Helper()
+	families, err := p.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "tessera_prepares_in_flight" {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no tessera_prepares_in_flight")
+	return 0
 }
