@@ -279,3 +279,17 @@ func TestStopNeverRemovesEveryClaimsDirectory(t *testing.T) {
 		t.Errorf("another claim's configuration is gone: %v", err)
 	}
 }
+
+// TestWithoutAnImageNoDaemonStarts: a plugin without --imex-image creates
+// no daemon pod (its Stop is Host.Stop, as with an image).
+func TestWithoutAnImageNoDaemonStarts(t *testing.T) {
+	client := newClient()
+	d := daemons(client, t.TempDir())
+	d.Image = ""
+	if err := d.Start(context.Background(), gang(d, trays...)); err == nil || !strings.Contains(err.Error(), "--imex-image") {
+		t.Errorf("start without an image: %v, want a refusal naming --imex-image", err)
+	}
+	if pods, err := client.CoreV1().Pods("tessera-system").List(context.Background(), metav1.ListOptions{}); err != nil || len(pods.Items) != 0 {
+		t.Errorf("pods after the refused start: %v %v, want none", pods, err)
+	}
+}

@@ -172,3 +172,31 @@ func TestDaemonFindsTheDriverWhereverTheDistributionInstalledIt(t *testing.T) {
 		}
 	}
 }
+
+// TestWithoutAnImageNoDaemonStartsButOneStops: a plugin without
+// --mps-image creates no daemon pod, and still stops one that ran.
+func TestWithoutAnImageNoDaemonStartsButOneStops(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	d := &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: "tessera-system", NodeName: "node-a", Dir: t.TempDir()}}
+	if _, err := d.Start(ctx, prepare.MPSDaemon{MPSDaemon: d.Locate("uid-1"), ClaimUID: "uid-1"}); err == nil || !strings.Contains(err.Error(), "--mps-image") {
+		t.Errorf("start without an image: %v, want a refusal naming --mps-image", err)
+	}
+	ran := d.Locate("uid-2")
+	if _, err := client.CoreV1().Pods("tessera-system").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: ran.Pod, Namespace: "tessera-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(ran.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx, ran); err != nil {
+		t.Fatalf("stop without an image: %v", err)
+	}
+	pods, err := client.CoreV1().Pods("tessera-system").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(ran.Dir); len(pods.Items) != 0 || !os.IsNotExist(err) {
+		t.Errorf("after the stop: pods %d, directory %v; want neither", len(pods.Items), err)
+	}
+}

@@ -63,10 +63,17 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	if ok && !rec.Domain && len(rec.Devices) > 0 {
 		return nil, fmt.Errorf("claim %s: already prepared with devices %s, now allocated gang domain devices; unprepare it first", ref, names(rec.Devices))
 	}
-	var daemon *checkpoint.Daemon
+	// daemon is the one this prepare starts; recorded, the one its
+	// completed record keeps: a daemon an earlier attempt recorded (the
+	// other instance of a rolling update, with IMEX daemons on) stays
+	// recorded when this one starts none, so that the unprepare stops it.
+	var daemon, recorded *checkpoint.Daemon
+	if ok {
+		recorded = rec.IMEX
+	}
 	if m.needsIMEX(claim) {
 		at := m.cfg.IMEX.Locate(string(uid))
-		daemon = &at
+		daemon, recorded = &at, &at
 		if !ok || rec.IMEX == nil {
 			phase := checkpoint.PrepareStarted
 			if ok && rec.Phase == checkpoint.PrepareCompleted {
@@ -100,7 +107,7 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	}
 	err = m.locked(ctx, func() error {
 		m.mu.Lock()
-		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true, IMEX: daemon}
+		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true, IMEX: recorded}
 		v := m.changed()
 		m.mu.Unlock()
 		return m.persist(v)

@@ -139,6 +139,39 @@ func TestTurningIMEXOffStopsTheDaemonsThatRanAndStartsNone(t *testing.T) {
 	}
 }
 
+// TestAnInstanceWithoutIMEXKeepsTheDaemonTheOtherRecorded: in a rolling
+// update that turns IMEX daemons off, the old instance's prepare recorded
+// the claim's daemon and failed to see it ready; the new instance, asked
+// again, prepares the claim without a daemon of its own and keeps the
+// recorded one in the claim's record, so that the unprepare stops it.
+func TestAnInstanceWithoutIMEXKeepsTheDaemonTheOtherRecorded(t *testing.T) {
+	e := newEnv(t, "gb200-nvl72-tray")
+	e.rolling = true
+	on := &fakeIMEX{failStart: errors.New("IMEX daemon pod tessera-system/x not ready after 30s")}
+	e.imex = on
+	old := e.start()
+	off := &fakeIMEX{off: true}
+	e.imex = off
+	newer := e.start()
+	c := nvlinkClaim("gang", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
+	if _, err := old.PrepareDomain(context.Background(), c, e.nvlinkPreparer().Prepare); err == nil {
+		t.Fatal("prepare through the old instance succeeded, want its daemon's failure")
+	}
+	if _, err := newer.PrepareDomain(context.Background(), c, e.nvlinkPreparer().Prepare); err != nil {
+		t.Fatal(err)
+	}
+	rec := load(t, e.dataDir).Claims[string(c.UID)]
+	if rec.Phase != checkpoint.PrepareCompleted || rec.IMEX == nil || rec.IMEX.Pod != "tessera-imex-"+string(c.UID) {
+		t.Fatalf("record after the new instance's prepare: %+v, want completed with the old instance's daemon", rec)
+	}
+	if err := newer.Unprepare(context.Background(), c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"tessera-imex-" + string(c.UID)}; !slices.Equal(off.stopped, want) || len(off.started) != 0 {
+		t.Errorf("the new instance started %v and stopped %v, want none started and %v stopped", off.started, off.stopped, want)
+	}
+}
+
 func TestAnIMEXDaemonThatFailsFailsThePrepareAndARestartStopsIt(t *testing.T) {
 	e := newEnv(t, "gb200-nvl72-tray")
 	imex := &fakeIMEX{failStart: errors.New("IMEX daemon pod tessera-system/x not ready after 30s (last seen: CrashLoopBackOff)")}

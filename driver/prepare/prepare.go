@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,9 +31,6 @@ func (m *Manager) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim)
 	mps, err := m.plan(claim, want)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
-	}
-	if mps != nil && (m.cfg.MPS == nil || !m.cfg.MPS.Runs()) {
-		return nil, fmt.Errorf("claim %s: sharing strategy MPS is not available: the plugin runs without an MPS daemon image (--mps-image); ask the operator to set it, or use TimeSlicing", ref)
 	}
 	unlock, err := m.lockClaim(uid)
 	if err != nil {
@@ -150,6 +148,12 @@ func (m *Manager) markStarted(claim *resourceapi.ResourceClaim, want []checkpoin
 			return st, fmt.Errorf("already prepared with devices %s, now allocated %s; unprepare it first", names(c.Devices), names(want))
 		}
 		return started{rec: c, done: true}, nil
+	}
+	if mps != nil && (m.cfg.MPS == nil || !m.cfg.MPS.Runs()) {
+		// Checked here, not before: a claim prepared while MPS ran is
+		// still found prepared (the kubelet asks again).
+		m.mu.Unlock()
+		return st, errors.New("sharing strategy MPS is not available: the plugin runs without an MPS daemon image (--mps-image); ask the operator to set it, or use TimeSlicing")
 	}
 	// A started mark is an earlier attempt whose completed mark was
 	// not written (in this process, or by the other instance of a

@@ -350,6 +350,35 @@ func TestMPSClaimRunsOneDaemonWithItsLimits(t *testing.T) {
 	}
 }
 
+// TestTurningMPSOffKeepsWhatIsPrepared: once the plugin runs without MPS
+// daemons, a claim prepared with one before is still found prepared when
+// the kubelet asks again, a new MPS claim is refused naming --mps-image,
+// and the unprepare stops the daemon that ran.
+func TestTurningMPSOffKeepsWhatIsPrepared(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	mps := &fakeMPS{dir: t.TempDir()}
+	e.mps = mps
+	ctx := context.Background()
+	c := gpuConfig(claim("inference", "gpu-3"), `"sharing":{"strategy":"MPS"}`)
+	if _, err := e.start().Prepare(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	mps.off = true
+	m := e.start()
+	if _, err := m.Prepare(ctx, c); err != nil {
+		t.Errorf("prepare again, with MPS off, of the claim prepared with it: %v", err)
+	}
+	if _, err := m.Prepare(ctx, gpuConfig(claim("new", "gpu-4"), `"sharing":{"strategy":"MPS"}`)); err == nil || !strings.Contains(err.Error(), "--mps-image") {
+		t.Errorf("prepare of a new MPS claim with MPS off: %v, want a refusal naming --mps-image", err)
+	}
+	if err := m.Unprepare(ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	if len(mps.started) != 1 || !slices.Equal(mps.stopped, []string{"tessera-mps-uid-inference"}) {
+		t.Errorf("daemons started %d, stopped %v: want the one from before MPS was turned off stopped", len(mps.started), mps.stopped)
+	}
+}
+
 func TestMPSDaemonOfAnInterruptedPrepareIsStoppedAtStart(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
 	mps := &fakeMPS{dir: t.TempDir()}

@@ -48,8 +48,8 @@
 //     the claim is unprepared in two steps. A checkpoint that predates
 //     these records (Data.DomainClaims unset) adopts the domain specs of
 //     this boot instead of removing them (with their daemons' locations
-//     when the plugin runs IMEX daemons: stopping a daemon never started
-//     succeeds).
+//     whenever the plugin can stop IMEX daemons, even with none running
+//     now: stopping a daemon never started succeeds).
 //   - Claims never wait for each other except for a shared map update and
 //     the checkpoint write, which is batched: concurrent claims share one
 //     fsync (group commit). Operations on one claim are serialised by a
