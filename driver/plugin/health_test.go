@@ -111,7 +111,7 @@ func (h *healthHarness) sliceWrites() int {
 func (h *healthHarness) awaitSliceController() {
 	h.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for publishedDevices(h.t, h.plugin) == 0 {
+	for gauge(h.t, h.plugin, "tessera_published_devices") == 0 {
 		if time.Now().After(deadline) {
 			h.t.Fatal("the plugin never handed its devices to the ResourceSlice controller")
 		}
@@ -119,18 +119,19 @@ func (h *healthHarness) awaitSliceController() {
 	}
 }
 
-// publishedDevices is the plugin's tessera_published_devices gauge.
-func publishedDevices(t *testing.T, p *plugin.Plugin) float64 {
+// gauge is the value of one of the plugin's gauges.
+func gauge(t *testing.T, p *plugin.Plugin, name string) float64 {
 	t.Helper()
 	families, err := p.Metrics().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() == "tessera_published_devices" {
+		if f.GetName() == name {
 			return f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
+	t.Fatalf("no gauge %s", name)
 	return 0
 }
 

@@ -369,7 +369,7 @@ func TestAPrepareInFlightOnTheSpareOpensNoOtherGPU(t *testing.T) {
 		done <- resp.Claims[string(c.UID)].GetError()
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for inFlight(t, h.plugin) == 0 {
+	for gauge(t, h.plugin, "tessera_prepares_in_flight") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the prepare never started")
 		}
@@ -391,20 +391,4 @@ func TestAPrepareInFlightOnTheSpareOpensNoOtherGPU(t *testing.T) {
 	if n := h.sliceWrites() - before; n != 1 {
 		t.Errorf("opening gpu-6 wrote %d slices, want 1", n)
 	}
-}
-
-// inFlight is the plugin's tessera_prepares_in_flight gauge.
-func inFlight(t *testing.T, p *plugin.Plugin) float64 {
-	t.Helper()
-	families, err := p.Metrics().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == "tessera_prepares_in_flight" {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no tessera_prepares_in_flight")
-	return 0
 }

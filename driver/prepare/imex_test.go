@@ -71,15 +71,23 @@ func (e *env) nvlinkPreparer() *domain.Preparer {
 	return p
 }
 
-func TestAGangsNVLinkDomainClaimRunsItsIMEXDaemonUntilUnprepared(t *testing.T) {
+// gangPrepared prepares a two-tray gang's domain claim (name) on a GB200
+// tray whose plugin runs IMEX daemons.
+func gangPrepared(t *testing.T, name string) (*env, *fakeIMEX, *prepare.Manager, *resourceapi.ResourceClaim) {
+	t.Helper()
 	e := newEnv(t, "gb200-nvl72-tray")
 	imex := &fakeIMEX{}
 	e.imex = imex
 	m := e.start()
-	c := nvlinkClaim("gang", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
+	c := nvlinkClaim(name, "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
 	if _, err := m.PrepareDomain(context.Background(), c, e.nvlinkPreparer().Prepare); err != nil {
 		t.Fatal(err)
 	}
+	return e, imex, m, c
+}
+
+func TestAGangsNVLinkDomainClaimRunsItsIMEXDaemonUntilUnprepared(t *testing.T) {
+	e, imex, m, c := gangPrepared(t, "gang")
 	want := []gangv1.Node{{Name: "tray-1", Address: "10.0.0.1"}, {Name: nodeName, Address: "10.0.0.2"}}
 	if len(imex.started) != 1 || !slices.Equal(imex.started[0].Nodes, want) || imex.started[0].Pod != "tessera-imex-"+string(c.UID) {
 		t.Fatalf("daemons started: %+v, want one for %s with nodes %v", imex.started, c.UID, want)
@@ -108,16 +116,9 @@ func TestAGangsNVLinkDomainClaimRunsItsIMEXDaemonUntilUnprepared(t *testing.T) {
 // its channel and no daemon, and the claim prepared before still has its
 // daemon stopped at unprepare.
 func TestTurningIMEXOffStopsTheDaemonsThatRanAndStartsNone(t *testing.T) {
-	e := newEnv(t, "gb200-nvl72-tray")
-	imex := &fakeIMEX{}
-	e.imex = imex
-	m := e.start()
-	before := nvlinkClaim("before", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
-	if _, err := m.PrepareDomain(context.Background(), before, e.nvlinkPreparer().Prepare); err != nil {
-		t.Fatal(err)
-	}
+	e, imex, _, before := gangPrepared(t, "before")
 	imex.off = true
-	m = e.start()
+	m := e.start()
 	after := nvlinkClaim("after", "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
 	after.Status.Allocation.Devices.Results[0].Device = domain.DeviceName(1)
 	if _, err := m.PrepareDomain(context.Background(), after, e.nvlinkPreparer().Prepare); err != nil {

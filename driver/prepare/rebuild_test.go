@@ -120,14 +120,8 @@ func TestCorruptCheckpointIsRebuiltWithEveryField(t *testing.T) {
 // MPS daemon its pods use is kept (its mounts show it), and stopped when
 // the claim is unprepared.
 func TestCorruptCheckpointKeepsTheMPSDaemonOfASpecWithoutARecord(t *testing.T) {
-	e := newEnv(t, "dgx-h100")
-	mps := &fakeMPS{dir: t.TempDir()}
-	e.mps = mps
+	e, mps, c := mpsPrepared(t, "old", "gpu-4")
 	ctx := context.Background()
-	c := gpuConfig(claim("old", "gpu-4"), `"sharing":{"strategy":"MPS"}`)
-	if _, err := e.start().Prepare(ctx, c); err != nil {
-		t.Fatal(err)
-	}
 	loseCheckpointOfEarlierRelease(t, e, string(c.UID))
 
 	m := e.start()

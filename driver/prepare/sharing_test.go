@@ -354,15 +354,23 @@ func TestMPSClaimRunsOneDaemonWithItsLimits(t *testing.T) {
 // daemons, a claim prepared with one before is still found prepared when
 // the kubelet asks again, a new MPS claim is refused naming --mps-image,
 // and the unprepare stops the daemon that ran.
-func TestTurningMPSOffKeepsWhatIsPrepared(t *testing.T) {
+// mpsPrepared prepares an MPS claim (name, on gpu) on a DGX H100 whose
+// plugin runs MPS daemons.
+func mpsPrepared(t *testing.T, name, gpu string) (*env, *fakeMPS, *resourceapi.ResourceClaim) {
+	t.Helper()
 	e := newEnv(t, "dgx-h100")
 	mps := &fakeMPS{dir: t.TempDir()}
 	e.mps = mps
-	ctx := context.Background()
-	c := gpuConfig(claim("inference", "gpu-3"), `"sharing":{"strategy":"MPS"}`)
-	if _, err := e.start().Prepare(ctx, c); err != nil {
+	c := gpuConfig(claim(name, gpu), `"sharing":{"strategy":"MPS"}`)
+	if _, err := e.start().Prepare(context.Background(), c); err != nil {
 		t.Fatal(err)
 	}
+	return e, mps, c
+}
+
+func TestTurningMPSOffKeepsWhatIsPrepared(t *testing.T) {
+	e, mps, c := mpsPrepared(t, "inference", "gpu-3")
+	ctx := context.Background()
 	mps.off = true
 	m := e.start()
 	if _, err := m.Prepare(ctx, c); err != nil {
