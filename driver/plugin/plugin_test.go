@@ -13,6 +13,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -125,13 +126,17 @@ func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plug
 		if action.GetVerb() != "create" && action.GetVerb() != "update" {
 			return false, nil, nil
 		}
-		obj := action.(interface{ GetObject() runtime.Object }).GetObject().(*resourceapi.ResourceSlice)
-		if action.GetVerb() == "create" && obj.Name == "" && obj.GenerateName != "" {
+		// Any served version (a test may serve only older ones).
+		obj, err := meta.Accessor(action.(interface{ GetObject() runtime.Object }).GetObject())
+		if err != nil {
+			return true, nil, err
+		}
+		if action.GetVerb() == "create" && obj.GetName() == "" && obj.GetGenerateName() != "" {
 			seq++
-			obj.Name = fmt.Sprintf("%s%05d", obj.GenerateName, seq)
+			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), seq))
 		}
 		version++
-		obj.ResourceVersion = strconv.Itoa(version)
+		obj.SetResourceVersion(strconv.Itoa(version))
 		return false, nil, nil
 	})
 	for _, f := range apiServer {
