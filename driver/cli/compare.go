@@ -35,7 +35,7 @@ func Compare(gpus []discovery.GPU, p fakenode.Profile) []string {
 		diff(at+" memory MiB", g.MemoryBytes>>20, m.MemoryMiB)
 		diff(at+" power min/max/default W", fmt.Sprintf("%d/%d/%d", g.PowerMinWatts, g.PowerMaxWatts, g.PowerDefaultWatts), fmt.Sprintf("%d/%d/%d", m.PowerMinW, m.PowerMaxW, m.PowerDefaultW))
 		diff(at+" compute capability", g.CUDAComputeCapability, fmt.Sprintf("%d.%d.0", m.CUDAMajor, m.CUDAMinor))
-		diff(at+" driver version", g.DriverVersion, semver(p.DriverVersion))
+		diff(at+" driver version", g.DriverVersion, p.DriverVersion)
 		if i < len(p.GPUs) {
 			pl := p.GPUs[i]
 			diff(at+" PCI bus ID", g.PCIBusID, pl.BusID)
@@ -127,18 +127,6 @@ func placements(pls []mig.Placement) string {
 		parts = append(parts, "{"+strings.Join(strs, ",")+"}:"+strconv.Itoa(s))
 	}
 	return strings.Join(parts, " ")
-}
-
-// semver is a driver version as discovery reports it (570.124.06 ->
-// 570.124.6).
-func semver(v string) string {
-	parts := strings.Split(v, ".")
-	for i, p := range parts {
-		if n, err := strconv.Atoi(p); err == nil {
-			parts[i] = strconv.Itoa(n)
-		}
-	}
-	return strings.Join(parts, ".")
 }
 
 // writeComparison prints a comparison's report: a header saying what was

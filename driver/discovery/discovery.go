@@ -31,10 +31,14 @@ type GPU struct {
 	ProductName  string
 	Brand        string
 	Architecture string
-	// Versions are semantic versions (x.y.z) so CEL can compare them.
+	// CUDAComputeCapability and CUDADriverVersion are semantic versions
+	// (x.y.z) so CEL can compare them.
 	CUDAComputeCapability string
-	DriverVersion         string
 	CUDADriverVersion     string
+	// DriverVersion is the version exactly as the driver reports it
+	// (570.124.06): the driver's files are named by it. The driverVersion
+	// attribute is its semantic form (SemanticVersion).
+	DriverVersion string
 
 	MemoryBytes int64
 
@@ -102,7 +106,7 @@ func DiscoverWith(ctx context.Context, node *gpulib.Node, opts Options) ([]GPU, 
 	if err := gpulib.Error(ret); err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
 	}
-	driverVersion := semver(driver)
+	driverVersion := strings.TrimSpace(driver)
 	cudaVersion := fmt.Sprintf("%d.%d.0", cudaInt/1000, (cudaInt%1000)/10)
 	handles := make([]nvml.Device, 0, count)
 	gpus := make([]GPU, 0, count)
@@ -285,9 +289,11 @@ func assignNVLinkDomains(gpus []GPU, handles []nvml.Device) error {
 	return nil
 }
 
-// semver turns NVIDIA's dotted versions (570.124.06) into semantic versions
-// (570.124.6): leading zeros are not allowed there, and missing parts are 0.
-func semver(v string) string {
+// SemanticVersion turns NVIDIA's dotted versions (570.124.06) into semantic
+// versions (570.124.6), as CEL compares them: leading zeros are not allowed
+// there, and missing parts are 0. Only attributes take this form; files are
+// named by the version as the driver reports it.
+func SemanticVersion(v string) string {
 	parts := strings.Split(strings.TrimSpace(v), ".")
 	out := []string{"0", "0", "0"}
 	for i := 0; i < len(parts) && i < 3; i++ {

@@ -41,10 +41,10 @@ func TestDiscoveryOnEveryProfile(t *testing.T) {
 		{"dgx-a100", 8, "NVIDIA A100-SXM4-40GB", "Ampere", "8.0.0", "550.54.15", 40, true, 1, 4, false},
 		{"dgx-a100-80gb", 8, "NVIDIA A100-SXM4-80GB", "Ampere", "8.0.0", "550.54.15", 80, true, 1, 4, false},
 		{"dgx-h100", 8, "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "550.54.15", 79, true, 1, 4, false},
-		{"dgx-h200", 8, "NVIDIA H200", "Hopper", "9.0.0", "550.54.15", 140, true, 1, 4, false},
-		{"dgx-b200", 8, "NVIDIA B200", "Blackwell", "10.0.0", "570.124.6", 179, true, 1, 4, false},
-		{"gb200-nvl72-tray", 4, "NVIDIA GB200", "Blackwell", "10.0.0", "570.124.6", 185, true, 1, 4, true},
-		{"pcie-l4x4", 4, "NVIDIA L4", "Ada Lovelace", "8.9.0", "550.54.15", 22, false, 4, 2, false},
+		{"dgx-h200", 8, "NVIDIA H200", "Hopper", "9.0.0", "550.90.07", 140, true, 1, 4, false},
+		{"dgx-b200", 8, "NVIDIA B200", "Blackwell", "10.0.0", "570.124.06", 179, true, 1, 4, false},
+		{"gb200-nvl72-tray", 4, "NVIDIA GB200", "Blackwell", "10.0.0", "570.124.06", 185, true, 1, 4, true},
+		{"pcie-l4x4", 4, "NVIDIA L4", "Ada Lovelace", "8.9.0", "535.183.01", 22, false, 4, 2, false},
 	} {
 		t.Run(tc.profile, func(t *testing.T) {
 			gpus := discover(t, tc.profile)

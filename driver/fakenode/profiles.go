@@ -18,6 +18,10 @@ type Profile struct {
 	// GPU is the board every GPU of the node is; whether it has MIG, and
 	// its MIG table, come from it.
 	GPU               gpumodel.Model
+	// DriverVersion is what NVML reports (zero-padded parts as NVIDIA
+	// numbers its releases: 570.124.06) and what the driver's files are
+	// named by; CUDADriverVersion is that driver's CUDA version as NVML
+	// encodes it (12080 for 12.8), from NVIDIA's release notes of the driver.
 	DriverVersion     string
 	CUDADriverVersion int
 	// GPUs lists each GPU's PCI placement, in NVML index order.
@@ -90,7 +94,7 @@ var profiles = map[string]Profile{
 		NVLinkIslands: all(8), NVLinks: 18,
 	},
 	"dgx-h200": {
-		Name: "dgx-h200", GPU: gpumodel.H200SXM141GB, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		Name: "dgx-h200", GPU: gpumodel.H200SXM141GB, DriverVersion: "550.90.07", CUDADriverVersion: 12040,
 		GPUs:          dgxPlacement([8]string{"18", "2a", "3a", "5d", "9a", "ab", "ba", "db"}, [4]string{"pci0000:15", "pci0000:37", "pci0000:97", "pci0000:b7"}),
 		NVLinkIslands: all(8), NVLinks: 18,
 	},
@@ -111,7 +115,7 @@ var profiles = map[string]Profile{
 		Fabric: &Fabric{ClusterUUID: "7b2f0c5e-1d4a-4e8b-9c3f-0a6d5e4b3c21", CliqueID: 1},
 	},
 	"pcie-l4x4": {
-		Name: "pcie-l4x4", GPU: gpumodel.L4, DriverVersion: "550.54.15", CUDADriverVersion: 12040,
+		Name: "pcie-l4x4", GPU: gpumodel.L4, DriverVersion: "535.183.01", CUDADriverVersion: 12020,
 		GPUs: []Placement{
 			{BusID: "0000:01:00.0", PCIeRoot: "pci0000:00", Switch: "pci0000:00-sw0", NUMANode: 0},
 			{BusID: "0000:02:00.0", PCIeRoot: "pci0000:00", Switch: "pci0000:00-sw0", NUMANode: 0},

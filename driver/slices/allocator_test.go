@@ -161,6 +161,34 @@ func TestAllocatorCELOnProductAndMemory(t *testing.T) {
 	}
 }
 
+// TestDriverVersionIsASemanticVersionForCEL: a driver that reports
+// 570.124.06 publishes driverVersion 570.124.6, which CEL compares as a
+// version (a zero-padded part would not parse), while its files keep the
+// name the driver gives them (TestEveryProfilesSpecsMountEveryDriverFileItsRootHolds
+// [driver/plugin]).
+func TestDriverVersionIsASemanticVersionForCEL(t *testing.T) {
+	for _, tc := range []struct {
+		profile, want string
+	}{
+		{"dgx-b200", "570.124.6"},
+		{"dgx-h200", "550.90.7"},
+		{"pcie-l4x4", "535.183.1"},
+		{"dgx-h100", "550.54.15"},
+	} {
+		p := profile(t, tc.profile)
+		for name, a := range attrs(published(t, p)) {
+			if v := a[slices.AttrDriverVersion].VersionValue; v == nil || *v != tc.want {
+				t.Errorf("%s %s: driverVersion %v, want version %s", tc.profile, name, v, tc.want)
+			}
+		}
+		newer := `device.attributes["gpu.tessera.dev"].driverVersion.isGreaterThan(semver("550.54.15"))`
+		res := allocate(t, cluster(t, p), claim(request{count: 1, selectors: []string{newer}}))
+		if wantFit := tc.profile == "dgx-b200" || tc.profile == "dgx-h200"; (res != nil) != wantFit {
+			t.Errorf("%s: a driver newer than 550.54.15 allocated %v, want %v", tc.profile, res != nil, wantFit)
+		}
+	}
+}
+
 func TestAllocatorMatchesNVLinkDomain(t *testing.T) {
 	whole := profile(t, "dgx-h100")
 	if res := allocate(t, cluster(t, whole), claim(request{count: 8, match: nvlinkDomain})); res == nil {

@@ -89,7 +89,7 @@ func gpuAttributes(g discovery.GPU) map[resourceapi.QualifiedName]resourceapi.De
 		AttrBrand:                 str(g.Brand),
 		AttrArchitecture:          str(g.Architecture),
 		AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
-		AttrDriverVersion:         version(g.DriverVersion),
+		AttrDriverVersion:         version(discovery.SemanticVersion(g.DriverVersion)),
 		AttrCUDADriverVersion:     version(g.CUDADriverVersion),
 		AttrNVLinkDomain:          str(g.NVLinkDomain),
 		deviceattribute.StandardDeviceAttributePCIBusID: str(g.PCIBusID),
