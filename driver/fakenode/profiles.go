@@ -17,7 +17,7 @@ type Profile struct {
 	Name string
 	// GPU is the board every GPU of the node is; whether it has MIG, and
 	// its MIG table, come from it.
-	GPU               gpumodel.Model
+	GPU gpumodel.Model
 	// DriverVersion is what NVML reports (zero-padded parts as NVIDIA
 	// numbers its releases: 570.124.06) and what the driver's files are
 	// named by; CUDADriverVersion is that driver's CUDA version as NVML
