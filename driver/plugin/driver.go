@@ -65,7 +65,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		began := time.Now()
 		err := d.claims.Unprepare(ctx, c.UID)
 		if d.lazy != nil {
-			d.lazy.poke()
+			d.lazy.heldChanged()
 		}
 		if err == nil {
 			err = d.domains.Unprepare(c.UID)

@@ -53,9 +53,11 @@ type lazyMIG struct {
 	client kubernetes.Interface
 	node   string
 	claims *prepare.Manager
-	// wake asks the publish loop to decide again (a prepare began or
-	// ended, the node's slices changed); one pending wake is enough.
-	wake chan struct{}
+	// wake asks the publish loop to decide again at once (the node's
+	// slices changed in the API, a timer is due); held asks it to decide
+	// again when its pace allows (a prepare began or ended, a claim was
+	// unprepared). One pending wake of each is enough.
+	wake, held chan struct{}
 	// sliceInformer watches the node's slices; nil until watch starts.
 	sliceInformer cache.SharedIndexInformer
 
@@ -69,9 +71,13 @@ type lazyMIG struct {
 	// decision.
 	last map[string]lazymig.State
 	// seen is when the API was first seen showing a GPU's partitions all
-	// tainted; a countdown starts no earlier (the taint's own time is when
-	// the plugin decided, and its write may have been late).
-	seen map[string]time.Time
+	// tainted, with that taint's time; a countdown starts no earlier (the
+	// taint's own time is when the plugin decided, and its write may have
+	// been late). A taint of another time is another countdown: seen
+	// anew, even if no decision ran while the API showed none (wakes are
+	// coalesced), so a countdown can never be inherited from an earlier
+	// taint.
+	seen map[string]seenTaint
 	// withdrew names the GPUs whose partitions this instance withdrew while
 	// the API may still show them, tainted: that is the write on its way.
 	withdrew map[string]lazymig.State
@@ -85,14 +91,21 @@ type lazyMIG struct {
 }
 
 func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string) *lazyMIG {
-	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), pins: map[string]int{},
-		seen: map[string]time.Time{}, withdrew: map[string]lazymig.State{}, marker: marker}
+	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), held: make(chan struct{}, 1), pins: map[string]int{},
+		seen: map[string]seenTaint{}, withdrew: map[string]lazymig.State{}, marker: marker}
 }
 
-// poke asks for a new decision.
-func (l *lazyMIG) poke() {
+// poke asks for a new decision now.
+func (l *lazyMIG) poke() { signal(l.wake) }
+
+// heldChanged asks for a new decision because what the node holds changed:
+// the publish loop paces these (Options.MIGPublishInterval).
+func (l *lazyMIG) heldChanged() { signal(l.held) }
+
+// signal leaves one wake pending on c.
+func signal(c chan struct{}) {
 	select {
-	case l.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
@@ -119,7 +132,7 @@ func (l *lazyMIG) watch(ctx context.Context) error {
 
 // pin holds the node's devices a claim was allocated while it is prepared,
 // so that no decision withdraws their GPU's partitions meanwhile; the
-// returned func releases them. Both ask for a new decision.
+// returned func releases them. Both ask for a new decision (paced).
 func (l *lazyMIG) pin(c *resourceapi.ResourceClaim) func() {
 	names := l.devices(c)
 	l.mu.Lock()
@@ -127,7 +140,7 @@ func (l *lazyMIG) pin(c *resourceapi.ResourceClaim) func() {
 		l.pins[n]++
 	}
 	l.mu.Unlock()
-	l.poke()
+	l.heldChanged()
 	return func() {
 		l.mu.Lock()
 		for _, n := range names {
@@ -136,7 +149,7 @@ func (l *lazyMIG) pin(c *resourceapi.ResourceClaim) func() {
 			}
 		}
 		l.mu.Unlock()
-		l.poke()
+		l.heldChanged()
 	}
 }
 
@@ -206,6 +219,27 @@ func (l *lazyMIG) shown(inv *inventory.Inventory) (_ map[string]lazymig.State, c
 	return out, count == want
 }
 
+// showsOwn says whether the API shows exactly what this instance last
+// decided (its own write seen, or nothing new): then a wake from the
+// node's slices brings no news, and the publish loop may pace it like a
+// change of what the node holds. Before the first decision nothing is its
+// own.
+func (l *lazyMIG) showsOwn(inv *inventory.Inventory) bool {
+	if l.last == nil {
+		return false
+	}
+	shown, complete := l.shown(inv)
+	if !complete || len(shown) != len(l.last) {
+		return false
+	}
+	for g, s := range l.last {
+		if t, ok := shown[g]; !ok || !sameState(s, t) {
+			return false
+		}
+	}
+	return true
+}
+
 // allocatedInAPI lists the claims the API server has allocated a partition
 // of this node, prepared or not, and names their GPUs.
 // After a failure it is not tried again for listBackoff: every node asks
@@ -264,7 +298,7 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			if s, ok := shown[g]; ok {
 				last[g] = s
 				if s.IsClosing() {
-					l.seen[g] = s.Closing // a restart trusts the API's countdown
+					l.seen[g] = seenTaint{taint: s.Closing, at: s.Closing} // a restart trusts the API's countdown
 				}
 			} else if !complete {
 				last[g] = lazymig.State{Open: true}
@@ -332,11 +366,14 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 // tainted (s) began: the taint's time, or, if the API was first seen
 // showing it more than a second later, then.
 func (l *lazyMIG) countdown(gpu string, s lazymig.State) time.Time {
-	if seen := l.seen[gpu]; seen.After(s.Closing.Add(time.Second)) {
-		return seen.Round(time.Second).UTC()
+	if seen, ok := l.seen[gpu]; ok && seen.taint.Equal(s.Closing) && seen.at.After(s.Closing.Add(time.Second)) {
+		return seen.at.Round(time.Second).UTC()
 	}
 	return s.Closing
 }
+
+// seenTaint is when a withdrawal taint of a time was first seen in the API.
+type seenTaint struct{ taint, at time.Time }
 
 // decide gathers Decide's input and decides once.
 // alsoHeld names GPUs held besides what the node prepared.
@@ -398,8 +435,8 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 		pub, s := last[g], shown[g]
 		if !s.IsClosing() {
 			delete(l.seen, g)
-		} else if _, ok := l.seen[g]; !ok {
-			l.seen[g] = now
+		} else if seen, ok := l.seen[g]; !ok || !seen.taint.Equal(s.Closing) {
+			l.seen[g] = seenTaint{taint: s.Closing, at: now}
 		}
 		if !s.Open {
 			delete(l.withdrew, g) // our withdrawal has landed

@@ -392,3 +392,46 @@ func TestAPrepareInFlightOnTheSpareOpensNoOtherGPU(t *testing.T) {
 		t.Errorf("opening gpu-6 wrote %d slices, want 1", n)
 	}
 }
+
+// TestABurstOfPodsWritesTheSlicesAtMostOncePerInterval: a node whose pods
+// start and end in a burst (here: a 1g partition of the spare and the spare
+// whole, prepared and unprepared in turn, each of which opens or closes a
+// GPU) writes its slices at most once per --mig-publish-interval, the
+// first change at once, and ends publishing what it holds at the end.
+func TestABurstOfPodsWritesTheSlicesAtMostOncePerInterval(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	h, _ := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = interval })
+	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+	h.awaitSliceController()
+	part, whole := h.claim("part", "gpu-7-mig-1g10gb-6"), h.claim("whole", "gpu-7")
+	before := h.sliceWrites()
+	began := time.Now()
+	const cycles = 100
+	for i := range cycles {
+		c := part
+		if i%2 == 1 {
+			c = whole
+		}
+		if _, msg := h.prepare(c); msg != "" {
+			t.Fatalf("prepare %s: %s", c.Name, msg)
+		}
+		if resp, err := h.kubelet.Unprepare(h.ctx, c); err != nil || resp.Claims[string(c.UID)].GetError() != "" {
+			t.Fatalf("unprepare %s: %v %v", c.Name, err, resp)
+		}
+	}
+	burst := time.Since(began)
+	// Everything free again: gpu-7 is the spare, and gpu-6, opened while
+	// gpu-7 was held, may still be closing.
+	h.awaitSlices("after the burst", func(m map[string][]string) bool {
+		s := lazyState(m)
+		return s["gpu-7"] == "open" && (len(s) == 1 || len(s) == 2 && s["gpu-6"] == "closing")
+	})
+	writes := h.sliceWrites() - before
+	// One write at once, then at most one per interval begun, and the one
+	// that ends the last interval.
+	bound := 2 + int(burst/interval)
+	if writes > bound {
+		t.Errorf("%d cycles in %v wrote the slices %d times, want at most %d (one per %v)", cycles, burst.Round(time.Millisecond), writes, bound, interval)
+	}
+	t.Logf("%d cycles in %v: %d slice writes", cycles, burst.Round(time.Millisecond), writes)
+}

@@ -36,6 +36,11 @@ const DefaultKubeAPITimeout = 10 * time.Second
 var (
 	DefaultMIGSpareGPUs     = lazymig.DefaultPolicy.Spares
 	DefaultMIGWithdrawGrace = lazymig.DefaultPolicy.Grace
+	// DefaultMIGPublishInterval bounds the slice writes prepares and
+	// unprepares cause to one a second per node: a burst of pod starts
+	// and ends (tens a second on a busy node) then costs the API server
+	// one write of the node's slices, not one or two per pod.
+	DefaultMIGPublishInterval = time.Second
 )
 
 // Options are the kubelet plugin's settings, from flags with environment
@@ -90,6 +95,10 @@ type Options struct {
 	// gate LazyMIG, driver/lazymig).
 	MIGSpareGPUs     int
 	MIGWithdrawGrace time.Duration
+	// MIGPublishInterval is the least time between two writes of the
+	// node's slices that prepares and unprepares cause under lazy MIG
+	// publishing; zero means DefaultMIGPublishInterval.
+	MIGPublishInterval time.Duration
 	// Clock times lazy MIG publishing's withdrawals; nil means the real
 	// clock. Not a flag.
 	Clock clock.WithTicker
@@ -117,6 +126,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.IMEXPort, "imex-port", 50000, "TCP port of the IMEX daemons (their SERVER_PORT), on the node's InternalIP; the same on every node.")
 	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
 	fs.IntVar(&o.MIGSpareGPUs, "mig-spare-gpus", DefaultMIGSpareGPUs, "With LazyMIG: how many free GPUs' MIG partitions each node publishes besides those of the GPUs already partitioned (0 means the default). A claim whose partitions must span more GPUs than are partitioned or spare cannot be allocated on the node; raise this for such claims (8 publishes every partition).")
+	fs.DurationVar(&o.MIGPublishInterval, "mig-publish-interval", DefaultMIGPublishInterval, "With LazyMIG: the least time between two writes of the node's ResourceSlices that prepares and unprepares cause (a partitioned GPU opening the next spare, a freed one closing). Changes within it are published together in one write at its end; the first change after a quiet spell is published at once, and health changes always are. Delaying a write only delays what the scheduler may allocate: a withdrawal is still decided, and checked against the claims, when it is written (0 means the default).")
 	fs.DurationVar(&o.MIGWithdrawGrace, "mig-withdraw-grace", DefaultMIGWithdrawGrace, "With LazyMIG: how long a freed GPU's partitions stay published under a NoSchedule taint before they are withdrawn. It must outlast the scheduler's longest binding cycle (VolumeBinding's bindTimeoutSeconds, 600 s by default) and the kubelet's time to prepare a bound pod: a partition allocated before the taint and prepared after the withdrawal would be invisible to the scheduler's counters.")
 	o.Health.AddFlags(fs)
 	if o.FeatureGates == nil {
@@ -163,6 +173,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MIGSpareGPUs < 0 {
 		return fmt.Errorf("--mig-spare-gpus %d: want 0 or more free GPUs whose partitions each node publishes", o.MIGSpareGPUs)
+	}
+	if o.MIGPublishInterval < 0 {
+		return fmt.Errorf("--mig-publish-interval %v: want a positive duration (0 means the default, %v)", o.MIGPublishInterval, DefaultMIGPublishInterval)
 	}
 	if o.MIGWithdrawGrace < 0 {
 		return fmt.Errorf("--mig-withdraw-grace %v: want a positive duration, longer than the scheduler's binding cycle", o.MIGWithdrawGrace)
@@ -219,6 +232,14 @@ func (o *Options) lazyPolicy() lazymig.Policy {
 		p.Grace = DefaultMIGWithdrawGrace
 	}
 	return p
+}
+
+// migPublishInterval is MIGPublishInterval, its default if unset.
+func (o *Options) migPublishInterval() time.Duration {
+	if o.MIGPublishInterval == 0 {
+		return DefaultMIGPublishInterval
+	}
+	return o.MIGPublishInterval
 }
 
 // apiTimeout is the deadline of each request to the API server.

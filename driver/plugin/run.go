@@ -63,6 +63,9 @@ type Plugin struct {
 	// first publish waits for it, at most registrationWait.
 	registered       *registration
 	registrationWait time.Duration
+	// publishInterval is the least time between two slice writes that
+	// lazy MIG wakes (prepares, unprepares) cause.
+	publishInterval time.Duration
 }
 
 // Files the plugin keeps in --plugin-data-dir besides the checkpoint.
@@ -233,7 +236,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		server.Stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, imex: imexDaemons, registered: registered, registrationWait: o.RegistrationWait}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, imex: imexDaemons, registered: registered, registrationWait: o.RegistrationWait, publishInterval: o.migPublishInterval()}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {
@@ -274,17 +277,29 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 	lazy := p.driver.lazy
 	var (
 		lazyWake <-chan struct{} // nil without lazy MIG: never ready
+		lazyHeld <-chan struct{} // likewise
 		next     clock.Timer     // when a withdrawal's grace ends
 		nextC    <-chan time.Time
 		decided  *lazymig.Decision // the last decision published
-		// published is what was last handed to the slice controller.
+		// decidedAt is when the loop last decided what to publish; a
+		// change of what the node holds within publishInterval of it
+		// waits for paceC, and the changes meanwhile are decided on and
+		// published together then: at most one decision and one write
+		// per interval for prepares and unprepares, however many. News
+		// in the API (another instance's write), health changes and a
+		// grace's end are decided on at once.
+		decidedAt time.Time
+		paceC     <-chan time.Time
+		// published is what was last handed to the slice controller,
+		// built from built.
 		published *resourceslice.DriverResources
+		built     buildInputs
 	)
 	if lazy != nil {
-		lazyWake = lazy.wake
+		lazyWake, lazyHeld = lazy.wake, lazy.held
 		if err := lazy.watch(ctx); err != nil {
 			p.driver.HandleError(ctx, err, "Publishing every MIG partition")
-			lazy, lazyWake = nil, nil
+			lazy, lazyWake, lazyHeld = nil, nil, nil
 		}
 	}
 	if lazy != nil {
@@ -295,6 +310,7 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 		}()
 	}
 	publish := func() {
+		decidedAt = time.Now()
 		bopts := slices.Options{Taints: taints}
 		if lazy != nil && lazyMIGApplies(inv) {
 			dec, err := lazy.decideFor(ctx, inv, taints)
@@ -312,6 +328,13 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 				decided = &dec
 			}
 			bopts.Lazy = decided
+		}
+		in := buildInputs{inv: inv, opts: bopts}
+		if published != nil && built.same(in) {
+			// Nothing Build depends on changed (most prepares' and
+			// unprepares' wakes, our own write seen): the slices would
+			// be what the controller has.
+			return
 		}
 		res, err := slices.Build(nodeName, inv, bopts)
 		if err == nil && first {
@@ -331,12 +354,27 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 			err = p.helper.PublishResources(ctx, res)
 		}
 		if err == nil {
-			published = &res
+			published, built = &res, in
 			p.driver.metrics.publishedDevices(&res)
 		}
 		if err != nil && ctx.Err() == nil {
 			p.driver.HandleError(ctx, fmt.Errorf("publish resource slices: %w", err), "Publishing failed")
 		}
+	}
+	// pace publishes a change of what the node holds now, or, within
+	// publishInterval of the last decision, at its end: paced, not dropped,
+	// since what it asks for is decided afresh when it is published.
+	// Waiting is safe both ways: partitions opened late are only offered
+	// late, and a withdrawal is decided (and checked against the claims in
+	// the API) when it is written, never before.
+	pace := func() {
+		if wait := p.publishInterval - time.Since(decidedAt); wait > 0 {
+			if paceC == nil {
+				paceC = time.After(wait)
+			}
+			return
+		}
+		publish()
 	}
 	var changes <-chan health.Snapshot // stays nil without health: never ready
 	if monitor != nil {
@@ -354,6 +392,17 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 			taints = s.Taints()
 			publish()
 		case <-lazyWake:
+			if lazy == nil || !lazy.showsOwn(inv) {
+				publish() // news in the API: another instance's write, a deletion
+				continue
+			}
+			// Our own write seen: deciding at once would publish the
+			// changes of what the node holds since, unpaced.
+			pace()
+		case <-lazyHeld:
+			pace()
+		case <-paceC:
+			paceC = nil
 			publish()
 		case <-nextC:
 			nextC = nil
@@ -363,7 +412,7 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 				// Without device taints a withdrawal could not be
 				// announced: publish every partition instead.
 				klog.FromContext(ctx).Info("The API server does not serve device taints (DRADeviceTaints): publishing every MIG partition, as with --feature-gates=LazyMIG=false")
-				lazy, lazyWake, nextC, decided = nil, nil, nil, nil
+				lazy, lazyWake, lazyHeld, nextC, decided = nil, nil, nil, nil, nil
 				publish()
 			}
 			was := opts
@@ -381,6 +430,35 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 			publish()
 		}
 	}
+}
+
+// buildInputs are what slices.Build makes a node's slices of, besides the
+// node's name.
+type buildInputs struct {
+	inv  *inventory.Inventory
+	opts slices.Options
+}
+
+// same says whether Build would make the same slices of in as of b: the
+// same inventory, taints and lazy decision (its States and Order; Next is
+// not published).
+func (b buildInputs) same(in buildInputs) bool {
+	if b.inv != in.inv || !apiequality.Semantic.DeepEqual(b.opts.Taints, in.opts.Taints) || (b.opts.Lazy == nil) != (in.opts.Lazy == nil) {
+		return false
+	}
+	if b.opts.Lazy == nil {
+		return true
+	}
+	x, y := b.opts.Lazy, in.opts.Lazy
+	if !apiequality.Semantic.DeepEqual(x.Order, y.Order) || len(x.States) != len(y.States) {
+		return false
+	}
+	for g, s := range x.States {
+		if t, ok := y.States[g]; !ok || !sameState(s, t) {
+			return false
+		}
+	}
+	return true
 }
 
 // Done is closed when the plugin stops on its own (an unrecoverable error)

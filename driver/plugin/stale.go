@@ -61,7 +61,7 @@ func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
 		case done:
 			logger.Info("Unprepared a claim the API server no longer has allocated", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 			if p.driver.lazy != nil {
-				p.driver.lazy.poke() // its GPU may be free now
+				p.driver.lazy.heldChanged() // its GPU may be free now
 			}
 		default:
 			logger.V(2).Info("A stale claim changed while the API server was asked; checking it again later", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
