@@ -92,6 +92,8 @@ fuzz:
 # benchmark that fails leaves its figures null with the reason, and bench
 # fails after writing the report. ~3 minutes on two cores, plus ~20 for the
 # scheduler benchmark (docs/performance.md, "Scale").
+# The plugin benchmarks (test/bench) include BenchmarkPrepareByConfiguration:
+# the shipped gates against LazyMIG=false and DynamicMIG=false side by side.
 # BenchmarkGangPlacement runs on the local cluster (gang_<N>_s: gang
 # creation to every member bound) for 64, 128, 256 and 512 members;
 # GANG_BENCH chooses fewer (GANG_BENCH='pods=256$$').

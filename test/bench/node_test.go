@@ -41,7 +41,8 @@ type benchNode struct {
 // starts it as the chart does, with its pod's UID (--pod-uid), which turns
 // on the rolling-update mode: the state shared through the checkpoint on
 // disk and the node's file locks. It is stopped when the benchmark ends.
-func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float32, burst int, rolling bool) *benchNode {
+// adjust, if given, changes further options (feature gates).
+func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float32, burst int, rolling bool, adjust ...func(*plugin.Options)) *benchNode {
 	b.Helper()
 	ctx := benchContext(b)
 	if err := createNode(ctx, c, name); err != nil {
@@ -67,6 +68,9 @@ func startNode(b *testing.B, c *cluster.Cluster, name, profile string, qps float
 	}}
 	if rolling {
 		n.opts.PodUID = "bench-pod-" + name
+	}
+	for _, f := range adjust {
+		f(&n.opts)
 	}
 	if err := n.opts.Validate(); err != nil {
 		b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -186,8 +187,14 @@ func (f *floor) run(ctx context.Context) error {
 // plugin's own concurrency, not the token bucket: with the defaults a node
 // sustains 50 prepares per second (--kube-api-qps).
 //
+// A third node, a host process with LazyMIG off (every partition published),
+// runs the same claims in the same iterations: claims/s-c16-nolazy,
+// plugin-cpu-ms/claim-c16-nolazy, and the default's ratios to it,
+// x/nolazy-c16 and cpu-x/nolazy-c16 (goal at most 1.5):
+// what lazy publishing costs the node's prepares.
+//
 // Reported, per mode: claims/s-c1, claims/s-c16 and speedup (their ratio),
-// and checkpoint writes per claim; for the host-process mode also the share
+// checkpoint writes and ResourceSlice writes per claim; for the host-process mode also the share
 // of the machine's CPUs busy in each phase (cpu-busy-c1, cpu-busy-c16), CPU
 // time per claim at 16 callers, and the share of the time spent writing the
 // checkpoint in each phase.
@@ -200,16 +207,25 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 	}
 	plain := newThroughputNode(b, c, ns, "", false)
 	rolling := newThroughputNode(b, c, ns, "-r", true)
+	nolazy := newThroughputNode(b, c, ns, "-nolazy", false, withGates(b, "LazyMIG=false"))
 	plain.run(b, len(plain.claims)) // warm up: first MIG creations, connections
 	rolling.run(b, len(rolling.claims))
-	var p, r throughput
+	nolazy.run(b, len(nolazy.claims))
+	var p, r, e throughput
 	b.ResetTimer()
 	for range b.N {
 		p.add(plain.measure(b))
 		r.add(rolling.measure(b))
+		e.add(nolazy.measure(b))
 	}
 	b.StopTimer()
 	N := float64(b.N)
+	// What lazy MIG publishing (the default) costs this load: the same
+	// claims on a node publishing every partition, in the same iterations.
+	b.ReportMetric(e.c16/N, "claims/s-c16-nolazy")
+	b.ReportMetric(e.own16/N, "plugin-cpu-ms/claim-c16-nolazy")
+	b.ReportMetric(p.c16/e.c16, "x/nolazy-c16")
+	b.ReportMetric(p.own16/e.own16, "cpu-x/nolazy-c16")
 	b.ReportMetric(p.c1/N, "claims/s-c1")
 	b.ReportMetric(p.c16/N, "claims/s-c16")
 	b.ReportMetric(p.c16/p.c1, "speedup")
@@ -232,6 +248,11 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 	b.ReportMetric(p.writes16/N, "checkpoint-writes/claim-c16")
 	b.ReportMetric(r.writes1/N, "checkpoint-writes/claim-c1-rolling")
 	b.ReportMetric(r.writes16/N, "checkpoint-writes/claim-c16-rolling")
+	// ResourceSlice writes of the node's pool per claim prepared and
+	// unprepared, over both phases (each write is the slice whole: tens of
+	// kilobytes for the API server to store and send to every watcher).
+	b.ReportMetric(p.sliceWrites/N, "slice-writes/claim")
+	b.ReportMetric(r.sliceWrites/N, "slice-writes/claim-rolling")
 	// The share of the phase the checkpoint writer spent writing: writes
 	// are one at a time (one file), so near 1 the writer is the limit and
 	// claims queue on each other's fsyncs, however many CPUs there are.
@@ -243,19 +264,21 @@ func BenchmarkPrepareThroughput(b *testing.B) {
 type throughputNode struct {
 	n      *benchNode
 	claims []kubeletsim.Claim
+	// sliceWrites counts the writes of the node's ResourceSlices.
+	sliceWrites *atomic.Int64
 }
 
-func newThroughputNode(b *testing.B, c *cluster.Cluster, ns, suffix string, rolling bool) *throughputNode {
+func newThroughputNode(b *testing.B, c *cluster.Cluster, ns, suffix string, rolling bool, adjust ...func(*plugin.Options)) *throughputNode {
 	b.Helper()
 	ctx := benchContext(b)
-	n := startNode(b, c, ns+suffix, "dgx-h100", 1000, 1000, rolling)
+	n := startNode(b, c, ns+suffix, "dgx-h100", 1000, 1000, rolling, adjust...)
 	devices := []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
 	for g := 4; g < 8; g++ {
 		for p := range 3 {
 			devices = append(devices, fmt.Sprintf("gpu-%d-mig-1g10gb-%d", g, p))
 		}
 	}
-	t := &throughputNode{n: n, claims: make([]kubeletsim.Claim, len(devices))}
+	t := &throughputNode{n: n, claims: make([]kubeletsim.Claim, len(devices)), sliceWrites: countSliceWrites(b, n.name)}
 	for i, d := range devices {
 		var err error
 		if t.claims[i], err = n.claim(ctx, c, ns, fmt.Sprintf("caller%s-%d", suffix, i), d); err != nil {
@@ -299,6 +322,8 @@ func (t *throughputNode) run(b *testing.B, callers int) float64 {
 // throughput is what one iteration measured on one node (and their sums).
 type throughput struct {
 	c1, c16, busy1, busy16, cpu16, own16, writes1, writes16, writer1, writer16 float64
+	// sliceWrites is ResourceSlice writes per claim over both phases.
+	sliceWrites float64
 }
 
 func (t *throughput) add(o throughput) {
@@ -312,19 +337,22 @@ func (t *throughput) add(o throughput) {
 	t.writes16 += o.writes16
 	t.writer1 += o.writer1
 	t.writer16 += o.writer16
+	t.sliceWrites += o.sliceWrites
 }
 
 // measure runs the one-caller phase, then the all-callers one.
 func (t *throughputNode) measure(b *testing.B) throughput {
 	b.Helper()
-	before, beforeWrites := readCPU(b), t.n.checkpointWrites(b)
+	before, beforeWrites, slices0 := readCPU(b), t.n.checkpointWrites(b), t.sliceWrites.Load()
 	rate1 := t.run(b, 1)
 	mid, midOwn, midWrites := readCPU(b), ownCPU(b), t.n.checkpointWrites(b)
 	rate16 := t.run(b, len(t.claims))
 	end, endOwn, endWrites := readCPU(b), ownCPU(b), t.n.checkpointWrites(b)
 	cycles := float64(rounds * len(t.claims))
+	settleWrites(b, t.sliceWrites)
 	return throughput{
-		c1: rate1, c16: rate16,
+		sliceWrites: float64(t.sliceWrites.Load()-slices0) / (2 * cycles),
+		c1:          rate1, c16: rate16,
 		writes1:  (midWrites.n - beforeWrites.n) / cycles,
 		writes16: (endWrites.n - midWrites.n) / cycles,
 		// Writing time over the phase's wall time (cycles/rate).

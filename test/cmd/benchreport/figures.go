@@ -61,6 +61,15 @@ var figures = []figure{
 	{"prepare_checkpoint_writes_per_claim_c16_rolling", "BenchmarkPrepareThroughput", "checkpoint-writes/claim-c16-rolling", "writes", nil},
 	{"prepare_checkpoint_busy_c1", "BenchmarkPrepareThroughput", "checkpoint-busy-c1", "share of the time", nil},
 	{"prepare_checkpoint_busy_c16", "BenchmarkPrepareThroughput", "checkpoint-busy-c16", "share of the time", nil},
+	{"prepare_slice_writes_per_claim", "BenchmarkPrepareThroughput", "slice-writes/claim", "writes", nil},
+	{"prepare_slice_writes_per_claim_rolling", "BenchmarkPrepareThroughput", "slice-writes/claim-rolling", "writes", nil},
+	{"prepare_claims_per_s_c16_nolazy", "BenchmarkPrepareThroughput", "claims/s-c16-nolazy", "claims/s", nil},
+	{"prepare_plugin_cpu_ms_per_claim_c16_nolazy", "BenchmarkPrepareThroughput", "plugin-cpu-ms/claim-c16-nolazy", "ms", nil},
+	{"prepare_c16_vs_nolazy", "BenchmarkPrepareThroughput", "x/nolazy-c16", "ratio", nil},
+	{"prepare_plugin_cpu_vs_nolazy_c16", "BenchmarkPrepareThroughput", "cpu-x/nolazy-c16", "ratio", bound("<=", 1.5)},
+	{"prepare_shipped_vs_nodynamic_c1", "BenchmarkPrepareByConfiguration", "x/nodynamic-c1", "ratio", nil},
+	{"prepare_shipped_vs_nodynamic_c8", "BenchmarkPrepareByConfiguration", "x/nodynamic-c8", "ratio", bound(">=", 0.8)},
+	{"prepare_plugin_cpu_shipped_vs_nodynamic_c8", "BenchmarkPrepareByConfiguration", "cpu-x/nodynamic-c8", "ratio", bound("<=", 1.5)},
 	{"allocator_us_per_claim_plain", "BenchmarkAllocatorMIGVsPlain", "us/plain-claim", "us", nil},
 	{"allocator_us_per_claim_mig", "BenchmarkAllocatorMIGVsPlain", "us/mig-claim", "us", nil},
 	{"allocator_mig_vs_plain", "BenchmarkAllocatorMIGVsPlain", "plain/mig", "ratio", bound(">=", 0.3)},
@@ -92,7 +101,27 @@ var (
 	schedNodes  = []int{100, 500}
 )
 
-func init() { figures = append(figures, schedFigures()...) }
+func init() { figures = append(figures, slices.Concat(configFigures(), schedFigures())...) }
+
+// configurations are BenchmarkPrepareByConfiguration's figure suffixes: the
+// shipped gates, LazyMIG off, DynamicMIG off.
+var configurations = []string{"shipped", "nolazy", "nodynamic"}
+
+// configFigures are BenchmarkPrepareByConfiguration's per-configuration keys.
+func configFigures() []figure {
+	const bench = "BenchmarkPrepareByConfiguration"
+	var out []figure
+	for _, c := range configurations {
+		out = append(out,
+			figure{"prepare_claims_per_s_c1_" + c, bench, "claims/s-c1-" + c, "claims/s", nil},
+			figure{"prepare_claims_per_s_c8_" + c, bench, "claims/s-c8-" + c, "claims/s", nil},
+			figure{"prepare_plugin_cpu_ms_per_claim_c1_" + c, bench, "plugin-cpu-ms/claim-c1-" + c, "ms", nil},
+			figure{"prepare_plugin_cpu_ms_per_claim_c8_" + c, bench, "plugin-cpu-ms/claim-c8-" + c, "ms", nil},
+			figure{"prepare_slice_writes_per_claim_" + c, bench, "slice-writes/claim-" + c, "writes", nil},
+		)
+	}
+	return out
+}
 
 // schedFigures are BenchmarkSchedulerThroughput's keys: per node count and
 // case, pods/s, scheduler CPU per pod, p50 and p99 of creation to binding,
