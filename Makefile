@@ -80,10 +80,12 @@ unit:
 FUZZ_CHECKPOINT ?= 150000x
 FUZZ_CDI ?= 8000x
 FUZZ_CONFIG ?= 100000x
+FUZZ_LDCACHE ?= 50000x
 fuzz:
 	$(GO) test ./driver/checkpoint -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZ_CHECKPOINT)
 	$(GO) test ./cdi -run '^$$' -fuzz FuzzWriteSpec -fuzztime $(FUZZ_CDI)
 	$(GO) test ./api/gpu/v1alpha1 -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZ_CONFIG)
+	$(GO) test ./driver/cdihook/ldcache -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZ_LDCACHE)
 
 # bench runs every benchmark once and writes the figures, each with its unit
 # and goal, to $(OUTPUT)/bench.json and a table to the terminal

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Entry flags: an ELF library for glibc (FLAG_ELF_LIBC6) of the
@@ -61,7 +62,16 @@ type Cache struct {
 
 var le = binary.LittleEndian
 
-// Parse reads a loader cache file.
+// MaxStringBytes bounds what Parse decodes: the entries' keys and values,
+// and the hwcaps directories' names, may add up to at most this many times
+// the file's size (plus a constant for tiny files). glibc's ldconfig shares
+// a key's bytes with the tail of its value, so a real cache decodes to about
+// twice its string table; a crafted one can point thousands of entries into
+// one long string, and would cost memory and time in the square of its size
+// if decoded whole.
+const MaxStringBytes = 4
+
+// Parse reads a loader cache file, in time and memory linear in its size.
 func Parse(data []byte) (*Cache, error) {
 	base := 0
 	if bytes.HasPrefix(data, []byte(magicOld)) {
@@ -88,15 +98,24 @@ func Parse(data []byte) (*Cache, error) {
 	if n < 0 || (len(h)-headerSize)/entrySize < n {
 		return nil, fmt.Errorf("loader cache: %d entries do not fit in %d bytes", n, len(h))
 	}
+	// One copy of the table; every string is a part of it, and what is
+	// decoded and scanned stays within budget.
+	hs := string(h)
+	budget := MaxStringBytes*len(data) + 64<<10
 	str := func(off uint32) (string, error) {
-		if int(off) >= len(h) {
+		if int(off) >= len(hs) {
 			return "", fmt.Errorf("loader cache: string offset %d beyond the file", off)
 		}
-		end := bytes.IndexByte(h[off:], 0)
-		if end < 0 {
+		window := hs[off:min(len(hs), int(off)+budget+1)]
+		end := strings.IndexByte(window, 0)
+		switch {
+		case end < 0 && len(window) <= budget:
 			return "", fmt.Errorf("loader cache: string at %d is not terminated", off)
+		case end < 0:
+			return "", fmt.Errorf("loader cache: its strings add up to more than %d times its %d bytes; not a cache ldconfig writes", MaxStringBytes, len(data))
 		}
-		return string(h[off : int(off)+end]), nil
+		budget -= end + 1
+		return window[:end], nil
 	}
 	c := &Cache{}
 	for i := range n {
