@@ -12,17 +12,24 @@
 // the container's own confinement applies, would run the image's code with
 // the host's privileges. Writing the cache needs no binary of the image, of
 // the host or of NVIDIA, works in images without ldconfig, and changes only
-// the entries it adds. Every path inside the container is resolved as if
-// its root were "/" (package inroot), so links in the image cannot lead the
-// hook out of it.
+// the entries it adds. Every file of the image is treated as written by an
+// attacker, who may also swap it while the hook runs (a volume shared with a
+// running sidecar): every path inside the container is resolved by the
+// kernel as if its root were "/" (inroot.Root: openat2 with RESOLVE_IN_ROOT),
+// so links in the image cannot lead the hook out of it; files are read only
+// when regular and of bounded size, opened without blocking (a FIFO is
+// refused, not waited on); writes go through directories held open; and the
+// cache is parsed in time and memory linear in its size (package ldcache).
 package cdihook
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -95,11 +102,20 @@ func RootFS(state io.Reader) (string, error) {
 	return root, nil
 }
 
+// Limits on what the hook reads from the image: a loader cache larger than
+// MaxCacheSize is refused (a real one is tens to hundreds of kilobytes).
+const MaxCacheSize = 8 << 20
+
 // Apply makes the links and updates the loader cache in the container whose
 // root file system is root. Running it again changes nothing.
 func Apply(root string, r Request) error {
+	fsys, err := inroot.OpenRoot(root)
+	if err != nil {
+		return fmt.Errorf("the container's root file system: %w", err)
+	}
+	defer func() { _ = fsys.Close() }()
 	for _, l := range r.Links {
-		if err := link(root, l); err != nil {
+		if err := link(fsys, l); err != nil {
 			return err
 		}
 	}
@@ -109,33 +125,34 @@ func Apply(root string, r Request) error {
 	var entries []ldcache.Entry
 	var dirs []string
 	for _, lib := range r.Libraries {
-		rel, err := inroot.Resolve(root, lib)
+		flags, err := flagsOf(fsys, lib)
 		if err != nil {
 			return fmt.Errorf("library %s in the container: %w", lib, err)
 		}
-		entries = append(entries, ldcache.Entry{Key: path.Base(lib), Value: lib, Flags: flagsOf(filepath.Join(root, rel))})
+		entries = append(entries, ldcache.Entry{Key: path.Base(lib), Value: lib, Flags: flags})
 		if d := path.Dir(lib); !slices.Contains(dirs, d) {
 			dirs = append(dirs, d)
 		}
 	}
 	slices.Sort(dirs)
-	if err := writeConf(root, dirs); err != nil {
+	if err := writeConf(fsys, dirs); err != nil {
 		return err
 	}
-	return updateCache(root, entries)
+	return updateCache(fsys, entries)
 }
 
 // link creates l unless something is at its path already.
-func link(root string, l Link) error {
-	rel, err := inroot.ResolveParent(root, l.Path)
+func link(fsys *inroot.Root, l Link) error {
+	dir, err := fsys.OpenDir(path.Dir(l.Path))
 	if err != nil {
 		return fmt.Errorf("link %s in the container: %w", l.Path, err)
 	}
-	p := filepath.Join(root, rel)
-	if _, err := os.Lstat(p); err == nil {
-		return nil
+	defer func() { _ = dir.Close() }()
+	name := path.Base(l.Path)
+	if there, err := dir.Exists(name); err != nil || there {
+		return err
 	}
-	if err := os.Symlink(l.Target, p); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := dir.Symlink(l.Target, name); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("link %s -> %s in the container: %w", l.Path, l.Target, err)
 	}
 	return nil
@@ -143,78 +160,67 @@ func link(root string, l Link) error {
 
 // writeConf lists the library directories in ConfFile, where the image
 // keeps loader configuration directories.
-func writeConf(root string, dirs []string) error {
-	rel, err := inroot.ResolveParent(root, ConfFile)
+func writeConf(fsys *inroot.Root, dirs []string) error {
+	dir, err := fsys.OpenDir(path.Dir(ConfFile))
 	if inroot.Absent(err) {
 		return nil // no /etc/ld.so.conf.d: the image does not use one
 	}
 	if err != nil {
 		return fmt.Errorf("%s in the container: %w", ConfFile, err)
 	}
-	return writeAtomic(filepath.Join(root, rel), []byte(strings.Join(dirs, "\n")+"\n"))
+	defer func() { _ = dir.Close() }()
+	return dir.WriteFile(path.Base(ConfFile), []byte(strings.Join(dirs, "\n")+"\n"), 0o644)
 }
 
 // updateCache sets entries in the container's loader cache, creating it
-// when the image has none.
-func updateCache(root string, entries []ldcache.Entry) error {
-	rel, err := inroot.ResolveParent(root, cacheFile)
+// when the image has none. The cache is read as the loader would find it
+// (a link inside the image followed) and written in /etc as it was when
+// resolved.
+func updateCache(fsys *inroot.Root, entries []ldcache.Entry) error {
+	dir, err := fsys.OpenDir(path.Dir(cacheFile))
 	if inroot.Absent(err) {
 		return nil // no /etc: an image without a glibc loader (scratch, static)
 	}
 	if err != nil {
 		return fmt.Errorf("%s in the container: %w", cacheFile, err)
 	}
-	p := filepath.Join(root, rel)
+	defer func() { _ = dir.Close() }()
 	cache := &ldcache.Cache{}
-	data, err := os.ReadFile(p)
+	data, err := fsys.ReadFile(cacheFile, MaxCacheSize)
 	switch {
 	case err == nil:
 		if cache, err = ldcache.Parse(data); err != nil {
 			return fmt.Errorf("%s in the container: %w", cacheFile, err)
 		}
-	case errors.Is(err, os.ErrNotExist):
+	case inroot.Absent(err):
 	default:
-		return fmt.Errorf("read %s in the container: %w", cacheFile, err)
+		return fmt.Errorf("read %s in the container (the hook reads only a regular file of at most %d bytes there): %w", cacheFile, MaxCacheSize, err)
 	}
 	cache.Set(entries...)
-	return writeAtomic(p, cache.Marshal())
+	return dir.WriteFile(path.Base(cacheFile), cache.Marshal(), 0o644)
 }
 
-// flagsOf are the loader cache flags of the library at p: those of its ELF
-// machine, or of this program's architecture when p is no ELF file (the
-// hook runs on the node, whose architecture the driver's is).
-func flagsOf(p string) int32 {
+// flagsOf are the loader cache flags of the library lib: those of its ELF
+// machine, or of this program's architecture when lib is no ELF file (the
+// hook runs on the node, whose architecture the driver's is). Only the ELF
+// header is read.
+func flagsOf(fsys *inroot.Root, lib string) (int32, error) {
+	f, err := fsys.OpenFile(lib, math.MaxInt64)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = f.Close() }()
 	machine := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[runtime.GOARCH]
-	if f, err := elf.Open(p); err == nil {
-		machine = f.Machine
-		_ = f.Close()
+	var h [20]byte // e_ident, e_type, e_machine
+	if _, err := io.ReadFull(f, h[:]); err == nil && string(h[:4]) == elf.ELFMAG {
+		order := binary.ByteOrder(binary.LittleEndian)
+		if elf.Data(h[elf.EI_DATA]) == elf.ELFDATA2MSB {
+			order = binary.BigEndian
+		}
+		machine = elf.Machine(order.Uint16(h[18:]))
 	}
 	if machine == elf.EM_AARCH64 {
-		return ldcache.FlagAArch64
+		return ldcache.FlagAArch64, nil
 	}
-	return ldcache.FlagX8664Lib64
-}
-
-// writeAtomic replaces p with data through a file beside it.
-func writeAtomic(p string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tessera-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	if _, err := tmp.Write(data); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	return nil
+	return ldcache.FlagX8664Lib64, nil
 }

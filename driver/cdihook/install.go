@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/tessera-dev/tessera/driver/inroot"
 )
 
 // Install copies the running program to dest (the host path the CDI specs
@@ -22,10 +24,19 @@ func Install(dest string) error {
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return fmt.Errorf("install the hook: %w", err)
 	}
-	if err := writeAtomic(dest, data); err != nil {
+	dir, err := inroot.OpenRoot(filepath.Dir(dest))
+	if err != nil {
 		return fmt.Errorf("install the hook: %w", err)
 	}
-	if err := os.Chmod(dest, 0o755); err != nil {
+	defer func() { _ = dir.Close() }()
+	d, err := dir.OpenDir("/")
+	if err != nil {
+		return fmt.Errorf("install the hook: %w", err)
+	}
+	defer func() { _ = d.Close() }()
+	// Executable as it is renamed in: a runtime never finds a copy it
+	// cannot run.
+	if err := d.WriteFile(filepath.Base(dest), data, 0o755); err != nil {
 		return fmt.Errorf("install the hook: %w", err)
 	}
 	return nil

@@ -1,8 +1,11 @@
 // Package inroot resolves paths inside a directory tree as if that tree were
 // "/": symlinks are followed, absolute link targets start at the tree's root,
-// and ".." stops there. Both the driver-file discovery (a driver root) and
-// the CDI hook (a container's root file system) read trees whose links are
-// written for another root and must never lead out of it.
+// and ".." stops there. The driver-file discovery reads a driver root whose
+// links are written for another root (Resolve: by name, for a tree the node
+// owns); the CDI hook reads and writes a container's root file system, every
+// file of which an attacker may have written and may swap while the hook
+// runs (Root: resolved by the kernel, opened without blocking, regular files
+// of bounded size only, directories held open).
 package inroot
 
 import (
