@@ -40,7 +40,7 @@ func driverEdits(root string) Edits {
 		e.Mounts = append(e.Mounts, Mount{HostPath: root + p, ContainerPath: p})
 	}
 	e.Hooks = []Hook{{Name: CreateContainer, Path: "/var/lib/kubelet/plugins/gpu.tessera.dev/bin/tessera-cdi-hook",
-		Args: []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"}}}
+		Args: []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"}, Timeout: 10}}
 	return e
 }
 

@@ -129,10 +129,12 @@ func TestInjectionAsContainerdDoesIt(t *testing.T) {
 				},
 				Mounts: ociMounts(driverEdits(driverRoot).Mounts),
 				// Hooks are not de-duplicated: the hook runs once per
-				// claim, and must be idempotent.
+				// claim, and must be idempotent. Its timeout reaches the
+				// runtime, which kills a hook that outlives it.
 				Hooks: &oci.Hooks{CreateContainer: slices.Repeat([]oci.Hook{{
-					Path: "/var/lib/kubelet/plugins/gpu.tessera.dev/bin/tessera-cdi-hook",
-					Args: []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+					Path:    "/var/lib/kubelet/plugins/gpu.tessera.dev/bin/tessera-cdi-hook",
+					Args:    []string{"tessera-cdi-hook", "update-ldcache", "--library=/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+					Timeout: ptr(10),
 				}}, tt.claims)},
 			}
 			if diff := cmp.Diff(want, got, sorted); diff != "" {
@@ -182,3 +184,5 @@ func TestRemovedDeviceCanNoLongerBeInjected(t *testing.T) {
 		t.Errorf("after Remove: InjectDevices = %v, want unresolvable", err)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

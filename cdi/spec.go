@@ -75,6 +75,9 @@ type Hook struct {
 	Path string
 	// Args are the whole command line, the program's name first.
 	Args []string
+	// Timeout is how many seconds the runtime lets the hook run before it
+	// kills it and fails the container's creation; 0 sets none.
+	Timeout int
 }
 
 // Device is one device of a claim, named as the driver names it (e.g. "gpu-3"
@@ -267,7 +270,14 @@ func (e Edits) toCDI() (cdispec.ContainerEdits, error) {
 				return out, err
 			}
 		}
-		out.Hooks = append(out.Hooks, &cdispec.Hook{HookName: h.Name, Path: h.Path, Args: append([]string(nil), h.Args...)})
+		if h.Timeout < 0 {
+			return out, fmt.Errorf("hook %s: timeout %d s; want 0 (none) or more", h.Path, h.Timeout)
+		}
+		hook := &cdispec.Hook{HookName: h.Name, Path: h.Path, Args: append([]string(nil), h.Args...)}
+		if h.Timeout > 0 {
+			hook.Timeout = &h.Timeout
+		}
+		out.Hooks = append(out.Hooks, hook)
 	}
 	return out, nil
 }
@@ -310,7 +320,11 @@ func fromCDIEdits(e cdispec.ContainerEdits) Edits {
 		out.Mounts = append(out.Mounts, Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath})
 	}
 	for _, h := range e.Hooks {
-		out.Hooks = append(out.Hooks, Hook{Name: h.HookName, Path: h.Path, Args: h.Args})
+		hook := Hook{Name: h.HookName, Path: h.Path, Args: h.Args}
+		if h.Timeout != nil {
+			hook.Timeout = *h.Timeout
+		}
+		out.Hooks = append(out.Hooks, hook)
 	}
 	return out
 }

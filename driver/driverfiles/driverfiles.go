@@ -179,8 +179,14 @@ func HookFor(hookPath string, libraries []string, links map[string]string) cdi.H
 	for _, l := range slices.Compact(libraries) {
 		args = append(args, "--library="+l)
 	}
-	return cdi.Hook{Name: cdi.CreateContainer, Path: hookPath, Args: args}
+	return cdi.Hook{Name: cdi.CreateContainer, Path: hookPath, Args: args, Timeout: HookTimeout}
 }
+
+// HookTimeout is the seconds the runtime gives tessera-cdi-hook (the CDI
+// spec's hook timeout): it reads a few small files, none that can block, so
+// a hook still running then is stuck, and is better killed (the container's
+// creation fails and the kubelet retries) than left holding the runtime.
+const HookTimeout = 10
 
 // Missing lists the required libraries not found, with why; empty when the
 // driver root is usable.

@@ -131,6 +131,9 @@ func TestEachLayoutGetsTheToolkitsFiles(t *testing.T) {
 					if h.Name != cdi.CreateContainer || h.Path != hook || !slices.Equal(h.Args[:2], []string{"tessera-cdi-hook", "update-ldcache"}) {
 						t.Errorf("hook %+v", h)
 					}
+					if h.Timeout != driverfiles.HookTimeout || h.Timeout <= 0 {
+						t.Errorf("hook timeout %d s, want %d: a hook without one that blocks holds the runtime", h.Timeout, driverfiles.HookTimeout)
+					}
 					d := "/" + libDir + "/"
 					for _, arg := range []string{"--link=" + d + "libcuda.so=libcuda.so.1", "--link=" + d + "libnvidia-ml.so=libnvidia-ml.so.1",
 						"--library=" + d + "libcuda.so.1", "--library=" + d + "libcuda.so", "--library=" + d + "libnvidia-ml.so.1",
