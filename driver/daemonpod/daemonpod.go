@@ -1,5 +1,6 @@
 // Package daemonpod holds what the kubelet plugin's daemon pods (MPS control
-// daemons, IMEX daemons) share: waiting for a pod to serve, deleting it and
+// daemons, IMEX daemons) share: the one rule for when an existing pod is a
+// claim's daemon (Ensure), waiting for a pod to serve, deleting it and
 // waiting for it to be gone, listing a node's daemons, and where the
 // driver's libraries are inside a daemon container.
 package daemonpod
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
@@ -92,6 +94,40 @@ func (h *Host) Pod(name, app, claimUID, claimRef string, c corev1.Container, vol
 			Volumes:                       volumes,
 		},
 	}
+}
+
+// Ensure makes pod, a claim's daemon named by the claim, exist on this
+// node, one rule for every kind of daemon: absent, it is created; a pod of
+// that name on another node is an error naming it (the claim moved, its old
+// node died: this node's token may not delete it, and pod GC does once that
+// node is gone, after which a retry starts the daemon here); one being
+// deleted, one that ended (the kubelet refused or evicted it), or one that
+// current says is not the daemon wanted (nil: any is) is deleted and waited
+// for until it is gone, then created afresh; else it is kept. A daemon is
+// never taken for running while its pod is on its way out. what names the
+// daemon in messages ("MPS daemon").
+func (h *Host) Ensure(ctx context.Context, pod *corev1.Pod, current func(existing *corev1.Pod) bool, what string) error {
+	pods := h.Client.CoreV1().Pods(h.Namespace)
+	existing, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("read %s pod %s/%s: %w", what, h.Namespace, pod.Name, err)
+	case existing.Spec.NodeName != h.NodeName:
+		return fmt.Errorf("%s pod %s/%s is on node %s, not on this node %s (its claim was prepared there before); it is deleted with that node's pods, or delete it yourself", what, h.Namespace, pod.Name, existing.Spec.NodeName, h.NodeName)
+	case existing.DeletionTimestamp == nil && existing.Status.Phase != corev1.PodFailed && existing.Status.Phase != corev1.PodSucceeded &&
+		(current == nil || current(existing)):
+		return nil
+	default:
+		klog.FromContext(ctx).Info("Replacing a daemon pod being deleted, ended or of an earlier configuration", "daemon", what, "pod", klog.KObj(existing), "phase", existing.Status.Phase, "deleting", existing.DeletionTimestamp != nil)
+		if err := Delete(ctx, h.Client, h.Namespace, pod.Name, true, h.ReadyTimeout, what); err != nil {
+			return err
+		}
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create %s pod %s/%s: %w", what, h.Namespace, pod.Name, err)
+	}
+	return nil
 }
 
 // Stop deletes a daemon's pod (with gone, waits until it is gone) and

@@ -41,7 +41,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/klog/v2"
@@ -148,26 +147,6 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
 		return err
 	}
 	addresses := strings.Join(strings.Fields(nodes), ",")
-	pods := d.Client.CoreV1().Pods(d.Namespace)
-	existing, err := pods.Get(ctx, daemon.Pod, metav1.GetOptions{})
-	running := err == nil
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return fmt.Errorf("read IMEX daemon pod %s/%s: %w", d.Namespace, daemon.Pod, err)
-	case existing.Spec.NodeName != d.NodeName:
-		return fmt.Errorf("IMEX daemon pod %s/%s runs on node %s, not on this node %s; delete it", d.Namespace, daemon.Pod, existing.Spec.NodeName, d.NodeName)
-	case existing.Annotations[AnnotationNodes] != addresses || existing.DeletionTimestamp != nil ||
-		existing.Status.Phase == corev1.PodFailed || existing.Status.Phase == corev1.PodSucceeded:
-		// A daemon of an earlier placement of the claim (the nodes
-		// configuration is read once, at start), or one that ended (the
-		// kubelet refused or evicted it): a retry starts it afresh.
-		klog.FromContext(ctx).Info("Replacing an IMEX daemon of an earlier placement, or one that ended", "phase", existing.Status.Phase, "pod", klog.KRef(d.Namespace, daemon.Pod), "nodes", existing.Annotations[AnnotationNodes], "want", addresses)
-		if err := daemonpod.Delete(ctx, d.Client, d.Namespace, daemon.Pod, true, d.ReadyTimeout, "IMEX daemon"); err != nil {
-			return err
-		}
-		running = false
-	}
 	if err := os.MkdirAll(daemon.Dir, 0o755); err != nil {
 		return fmt.Errorf("IMEX directory: %w", err)
 	}
@@ -177,10 +156,11 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.IMEXDaemon) error {
 		}
 	}
 	pod := d.Pod(daemon, addresses)
-	if !running {
-		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create IMEX daemon pod %s/%s: %w", d.Namespace, pod.Name, err)
-		}
+	// A daemon of an earlier placement of the claim is replaced: the
+	// nodes configuration is read once, at its start.
+	sameNodes := func(existing *corev1.Pod) bool { return existing.Annotations[AnnotationNodes] == addresses }
+	if err := d.Ensure(ctx, pod, sameNodes, "IMEX daemon"); err != nil {
+		return err
 	}
 	if err := daemonpod.Wait(ctx, d.Client, d.Namespace, pod.Name, daemonpod.Ready, d.ReadyTimeout, "IMEX daemon", "the gang's channel cannot work without it; check the pod's log and events, and that "+Binary+" exists under the driver root"); err != nil {
 		return fmt.Errorf("claim %s/%s: %w", daemon.ClaimNamespace, daemon.ClaimName, err)

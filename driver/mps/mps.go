@@ -26,8 +26,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/cdi"
@@ -76,9 +74,8 @@ func (d *Daemons) Start(ctx context.Context, daemon prepare.MPSDaemon) (cdi.Edit
 		}
 	}
 	pod := d.Pod(daemon)
-	_, err := d.Client.CoreV1().Pods(d.Namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return cdi.Edits{}, fmt.Errorf("create MPS daemon pod %s/%s: %w", d.Namespace, pod.Name, err)
+	if err := d.Ensure(ctx, pod, nil, "MPS daemon"); err != nil {
+		return cdi.Edits{}, err
 	}
 	if err := daemonpod.Wait(ctx, d.Client, d.Namespace, pod.Name, daemonpod.Running, d.ReadyTimeout, "MPS daemon", "check the pod's events and --mps-image"); err != nil {
 		return cdi.Edits{}, err
@@ -135,7 +132,9 @@ func (d *Daemons) Pod(daemon prepare.MPSDaemon) *corev1.Pod {
 
 // Stop deletes the daemon's pod and directory.
 func (d *Daemons) Stop(ctx context.Context, daemon checkpoint.MPSDaemon) error {
-	return d.Host.Stop(ctx, daemon, false, "MPS daemon")
+	// Until it is gone: a claim prepared again meanwhile must not find
+	// the old pod on its way out and take it for its daemon.
+	return d.Host.Stop(ctx, daemon, true, "MPS daemon")
 }
 
 // Claims lists the claim UIDs of this node's daemons, for the daemon sweep

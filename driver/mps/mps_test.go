@@ -6,12 +6,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/mps"
@@ -199,4 +202,89 @@ func TestWithoutAnImageNoDaemonStartsButOneStops(t *testing.T) {
 	if _, err := os.Stat(ran.Dir); len(pods.Items) != 0 || !os.IsNotExist(err) {
 		t.Errorf("after the stop: pods %d, directory %v; want neither", len(pods.Items), err)
 	}
+}
+
+// TestAClaimsDaemonIsNeverAPodOnItsWayOutOrOnAnotherNode: the one rule every
+// daemon kind shares (daemonpod.Host.Ensure). A pod of the claim's daemon
+// name on another node (the claim was prepared there before its node died)
+// fails the start naming that node, and stays; one being deleted (a claim
+// prepared again within the termination grace) is waited for and replaced,
+// never taken for the running daemon; and a stop returns only once the pod
+// is gone.
+func TestAClaimsDaemonIsNeverAPodOnItsWayOutOrOnAnotherNode(t *testing.T) {
+	const ns = "tessera-system"
+	newDaemons := func(client *fake.Clientset) *mps.Daemons {
+		return &mps.Daemons{Host: daemonpod.Host{Client: client, Namespace: ns, NodeName: "node-a", Image: "registry.example/tessera:v1", Dir: t.TempDir(), DriverRoot: "/run/nvidia/driver"}}
+	}
+	running := corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "mps-control-daemon", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}
+
+	t.Run("on another node", func(t *testing.T) {
+		client := fake.NewClientset()
+		d := newDaemons(client)
+		loc := d.Locate("uid-1")
+		other := d.Pod(prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1"})
+		other.Spec.NodeName, other.Status = "node-b", running
+		if _, err := client.CoreV1().Pods(ns).Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := d.Start(context.Background(), prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1"})
+		if err == nil || !containsAll(err.Error(), "node-b", loc.Pod) {
+			t.Fatalf("start beside the claim's daemon pod on node-b: %v, want an error naming it", err)
+		}
+		if p, err := client.CoreV1().Pods(ns).Get(context.Background(), loc.Pod, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "node-b" {
+			t.Errorf("the other node's pod: %v %v", p, err)
+		}
+	})
+
+	t.Run("being deleted", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		client := fake.NewClientset()
+		d := newDaemons(client)
+		loc := d.Locate("uid-1")
+		old := d.Pod(prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1"})
+		old.Status, old.DeletionTimestamp, old.Annotations["test/generation"] = running, &metav1.Time{Time: time.Now()}, "old"
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, old, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		runPods(ctx, t, client, ns)
+		if _, err := d.Start(ctx, prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1"}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := client.CoreV1().Pods(ns).Get(ctx, loc.Pod, metav1.GetOptions{})
+		if err != nil || p.DeletionTimestamp != nil || p.Annotations["test/generation"] == "old" {
+			t.Errorf("after the start the claim's daemon is %+v (%v), want a new pod, not the one being deleted", p, err)
+		}
+	})
+
+	t.Run("stop waits until gone", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		client := fake.NewClientset()
+		d := newDaemons(client)
+		loc := d.Locate("uid-1")
+		runPods(ctx, t, client, ns)
+		if _, err := d.Start(ctx, prepare.MPSDaemon{MPSDaemon: loc, ClaimUID: "uid-1"}); err != nil {
+			t.Fatal(err)
+		}
+		// The API server keeps a deleted pod, terminating, until its
+		// kubelet has stopped it: here, until the stop has looked twice.
+		var deleted, looked atomic.Int32
+		client.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			deleted.Add(1)
+			return true, nil, nil
+		})
+		client.PrependReactor("get", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if deleted.Load() > 0 && looked.Add(1) == 2 {
+				_ = client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ns, loc.Pod)
+			}
+			return false, nil, nil
+		})
+		if err := d.Stop(ctx, loc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.CoreV1().Pods(ns).Get(ctx, loc.Pod, metav1.GetOptions{}); err == nil {
+			t.Errorf("stop returned while the daemon pod was still there (looked %d times after deleting)", looked.Load())
+		}
+	})
 }
