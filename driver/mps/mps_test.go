@@ -253,7 +253,7 @@ func TestAClaimsDaemonIsNeverAPodOnItsWayOutOrOnAnotherNode(t *testing.T) {
 		}
 		p, err := client.CoreV1().Pods(ns).Get(ctx, loc.Pod, metav1.GetOptions{})
 		if err != nil || p.DeletionTimestamp != nil || p.Annotations["test/generation"] == "old" {
-			t.Errorf("after the start the claim's daemon is %+v (%v), want a new pod, not the one being deleted", p, err)
+			t.Errorf("after the start the claim's daemon pod (%v) is deleted since %v, generation %q: want a new pod, not the one being deleted", err, p.GetDeletionTimestamp(), p.GetAnnotations()["test/generation"])
 		}
 	})
 
