@@ -325,14 +325,25 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			}
 			s := shown[g.Name]
 			switch {
-			case allocated[g.Name] || !s.IsClosing():
-				// A claim holds one (its pod not started yet), or the API
-				// does not show the taint yet: keep the taint and count
-				// again from now.
+			case !s.IsClosing():
+				// The API does not show the taint yet: keep it and count
+				// from when it is first seen.
 				in[i].Published = lazymig.State{Open: true, Closing: now.Round(time.Second).UTC()}
-			case now.Before(l.countdown(g.Name, s).Add(l.policy.Grace)):
-				// The countdown the scheduler saw.
-				in[i].Published = lazymig.State{Open: true, Closing: l.countdown(g.Name, s)}
+			case allocated[g.Name]:
+				// A claim holds one (its pod not started yet): count
+				// again from now. The partitions carry a taint without a
+				// break, so the new stamp's countdown is its own time.
+				restamp := now.Round(time.Second).UTC()
+				in[i].Published = lazymig.State{Open: true, Closing: restamp}
+				l.seen[g.Name] = seenTaint{taint: restamp, at: restamp}
+			case now.Before(l.countdown(g.Name, s, now).Add(l.policy.Grace)):
+				// The countdown the scheduler saw, written as the taint's
+				// time; it is that taint's countdown when seen (else the
+				// stamp, seen a moment later each time, would move on
+				// forever and the GPU never be withdrawn).
+				c := l.countdown(g.Name, s, now)
+				in[i].Published = lazymig.State{Open: true, Closing: c}
+				l.seen[g.Name] = seenTaint{taint: c, at: c}
 			default:
 				continue
 			}
@@ -364,9 +375,14 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 
 // countdown is when the countdown of a GPU whose partitions the API shows
 // tainted (s) began: the taint's time, or, if the API was first seen
-// showing it more than a second later, then.
-func (l *lazyMIG) countdown(gpu string, s lazymig.State) time.Time {
-	if seen, ok := l.seen[gpu]; ok && seen.taint.Equal(s.Closing) && seen.at.After(s.Closing.Add(time.Second)) {
+// showing it more than a second later, then; a taint not seen before (the
+// API changed since the decision looked) counts from now.
+func (l *lazyMIG) countdown(gpu string, s lazymig.State, now time.Time) time.Time {
+	seen, ok := l.seen[gpu]
+	switch {
+	case !ok || !seen.taint.Equal(s.Closing):
+		return now.Round(time.Second).UTC()
+	case seen.at.After(s.Closing.Add(time.Second)):
 		return seen.at.Round(time.Second).UTC()
 	}
 	return s.Closing
