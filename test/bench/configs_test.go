@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,28 +168,7 @@ func settleWrites(b *testing.B, writes *atomic.Int64) {
 // run cycles the node's claims with callers concurrent callers, each on its
 // own GPUs, and returns the claims prepared and unprepared per second.
 func (t *configNode) run(b *testing.B, callers int) float64 {
-	b.Helper()
-	ctx := benchContext(b)
-	var wg sync.WaitGroup
-	errs := make([]error, callers)
-	began := time.Now()
-	for w := range callers {
-		wg.Go(func() {
-			for r := range rounds * len(t.claims) / callers {
-				if err := t.n.cycle(ctx, t.claims[(w+r*callers)%len(t.claims)]); err != nil {
-					errs[w] = err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	return float64(rounds*len(t.claims)) / time.Since(began).Seconds()
+	return cycleClaims(b, t.n, t.claims, callers)
 }
 
 // configFigures are what one iteration measured on one node, and their sums.

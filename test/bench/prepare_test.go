@@ -294,6 +294,14 @@ const rounds = 4
 // run cycles the node's claims with callers concurrent callers and returns
 // the claims prepared and unprepared per second.
 func (t *throughputNode) run(b *testing.B, callers int) float64 {
+	return cycleClaims(b, t.n, t.claims, callers)
+}
+
+// cycleClaims cycles claims on n with callers concurrent callers, each on
+// its own claims (one caller alone takes every claim in turn: the same
+// work), rounds times each, and returns the claims prepared and unprepared
+// per second.
+func cycleClaims(b *testing.B, n *benchNode, claims []kubeletsim.Claim, callers int) float64 {
 	b.Helper()
 	ctx := benchContext(b)
 	var wg sync.WaitGroup
@@ -301,9 +309,8 @@ func (t *throughputNode) run(b *testing.B, callers int) float64 {
 	began := time.Now()
 	for w := range callers {
 		wg.Go(func() {
-			// One caller alone takes every claim in turn: the same work.
-			for r := range rounds * len(t.claims) / callers {
-				if err := t.n.cycle(ctx, t.claims[(w+r*callers)%len(t.claims)]); err != nil {
+			for r := range rounds * len(claims) / callers {
+				if err := n.cycle(ctx, claims[(w+r*callers)%len(claims)]); err != nil {
 					errs[w] = err
 					return
 				}
@@ -316,7 +323,7 @@ func (t *throughputNode) run(b *testing.B, callers int) float64 {
 			b.Fatal(err)
 		}
 	}
-	return float64(rounds*len(t.claims)) / time.Since(began).Seconds()
+	return float64(rounds*len(claims)) / time.Since(began).Seconds()
 }
 
 // throughput is what one iteration measured on one node (and their sums).
