@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -78,6 +79,8 @@ type lazyMIG struct {
 	// coalesced), so a countdown can never be inherited from an earlier
 	// taint.
 	seen map[string]seenTaint
+	// saved is seen as the marker file holds it.
+	saved map[string]seenTaint
 	// withdrew names the GPUs whose partitions this instance withdrew while
 	// the API may still show them, tainted: that is the write on its way.
 	withdrew map[string]lazymig.State
@@ -86,7 +89,7 @@ type lazyMIG struct {
 	listFailed time.Time
 	// marker is a file in the plugin's data directory: present, the node
 	// published before (so an empty pool in the API was deleted, not
-	// never written).
+	// never written); it holds seen, so that a restart keeps it.
 	marker string
 }
 
@@ -294,11 +297,20 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			complete = errors.Is(err, fs.ErrNotExist) // a node that never published
 		}
 		last = map[string]lazymig.State{}
+		remembered := l.loadSeen(ctx)
 		for _, g := range gpus {
 			if s, ok := shown[g]; ok {
 				last[g] = s
 				if s.IsClosing() {
-					l.seen[g] = seenTaint{taint: s.Closing, at: s.Closing} // a restart trusts the API's countdown
+					// A restart goes on with the countdown its
+					// predecessor saw; a taint it has no record of
+					// (written by another instance, or before records
+					// were kept) counts from now.
+					seen, ok := remembered[g]
+					if !ok || !seen.taint.Equal(s.Closing) {
+						seen = seenTaint{taint: s.Closing, at: l.clock.Now()}
+					}
+					l.seen[g] = seen
 				}
 			} else if !complete {
 				last[g] = lazymig.State{Open: true}
@@ -362,15 +374,61 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 	for g := range d.States {
 		delete(l.withdrew, g)
 	}
-	if l.last == nil {
+	if l.last == nil || !maps.Equal(l.saved, l.seen) {
 		// On disk before the first lazy publish: a restart that then finds
-		// no slices must not take the node for a new one.
-		if err := checkpoint.WriteFileAtomic(l.marker, nil, 0o600); err != nil {
+		// no slices must not take the node for a new one. It holds when
+		// each withdrawal taint was first seen, so that a restart does not
+		// count a grace from a stamp the scheduler saw later.
+		if err := l.saveSeen(); err != nil {
 			return lazymig.Decision{}, fmt.Errorf("mark the node as published lazily: %w", err)
 		}
 	}
 	l.last = d.States
 	return d, nil
+}
+
+// seenRecord is a first sighting as the marker file keeps it.
+type seenRecord struct {
+	Taint time.Time `json:"taint"`
+	At    time.Time `json:"firstSeen"`
+}
+
+// saveSeen writes the marker file with the first sightings of the
+// withdrawal taints shown now.
+func (l *lazyMIG) saveSeen() error {
+	records := make(map[string]seenRecord, len(l.seen))
+	for g, s := range l.seen {
+		records[g] = seenRecord{Taint: s.taint, At: s.at}
+	}
+	data, err := json.Marshal(records)
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.WriteFileAtomic(l.marker, data, 0o600); err != nil {
+		return err
+	}
+	l.saved = maps.Clone(l.seen)
+	return nil
+}
+
+// loadSeen reads the first sightings the marker file keeps. An empty file
+// (written before sightings were kept), a missing or an unreadable one
+// yields none: every taint shown then counts from now.
+func (l *lazyMIG) loadSeen(ctx context.Context) map[string]seenTaint {
+	out := map[string]seenTaint{}
+	data, err := os.ReadFile(l.marker)
+	if err != nil || len(data) == 0 {
+		return out
+	}
+	var records map[string]seenRecord
+	if err := json.Unmarshal(data, &records); err != nil {
+		klog.FromContext(ctx).Error(err, "Ignoring the withdrawal taints' first sightings; every taint shown counts from now", "file", l.marker)
+		return out
+	}
+	for g, r := range records {
+		out[g] = seenTaint{taint: r.Taint, at: r.At}
+	}
+	return out
 }
 
 // countdown is when the countdown of a GPU whose partitions the API shows

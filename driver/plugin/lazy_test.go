@@ -471,3 +471,41 @@ func TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace(t *testing.T) {
 	clk.Step(time.Second)
 	h.awaitLazy("a grace after the taint was first seen", map[string]string{"gpu-7": "open"})
 }
+
+// TestARestartRemembersWhenATaintWasFirstSeen: the plugin first sees its own
+// withdrawal taint two seconds after its stamp, and restarts; the restarted
+// plugin counts the grace from that first sighting (kept in its data
+// directory), not from the stamp, so the GPU is withdrawn no earlier than a
+// grace after the scheduler could have seen the taint.
+func TestARestartRemembersWhenATaintWasFirstSeen(t *testing.T) {
+	h, clk := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = time.Hour })
+	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+	a := h.claim("a", "gpu-7-mig-1g10gb-6")
+	if _, msg := h.prepare(a); msg != "" {
+		t.Fatal(msg)
+	}
+	h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
+		t.Fatalf("unprepare: %v %v", err, resp)
+	}
+	if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	stamp := h.closingSince("gpu-6")
+	clk.Step(2 * time.Second)
+	h.republished("the taint seen, two seconds after its stamp", 2, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+
+	h.restart()
+	h.republished("after a restart", 3, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	clk.Step(lazyGrace - 2*time.Second)
+	seen := stamp.Add(2 * time.Second)
+	h.awaitSlices("the grace counted from the stamp is over, not the one from the first sighting", func(m map[string][]string) bool {
+		return lazyState(m)["gpu-6"] != "closing" || h.closingSince("gpu-6").Equal(seen)
+	})
+	if got := lazyState(func() map[string][]string { m, _ := h.publishedTaints(); return m }())["gpu-6"]; got != "closing" {
+		t.Fatalf("gpu-6 is %q a grace after its stamp, two seconds before a grace after the restarted plugin's predecessor first saw it", got)
+	}
+	clk.Step(2 * time.Second)
+	h.awaitLazy("a grace after the taint was first seen", map[string]string{"gpu-7": "open"})
+}

@@ -75,7 +75,8 @@ const (
 	// LastKnownFile keeps each GPU's last description, so that a GPU lost
 	// while the plugin was down is still published (tainted).
 	LastKnownFile = "gpus.json"
-	// LazyMIGMarkerFile, present, says the node published lazily before
+	// LazyMIGMarkerFile, present, says the node published lazily before;
+	// it holds when each withdrawal taint was first seen in the API
 	// (driver/plugin/lazy.go).
 	LazyMIGMarkerFile = "lazy-mig-published"
 )
