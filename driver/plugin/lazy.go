@@ -87,15 +87,19 @@ type lazyMIG struct {
 	// listFailed is when listing the claims last failed; it is not tried
 	// again before listBackoff has passed.
 	listFailed time.Time
+	// ranBefore: the plugin's data directory held files at start.
+	ranBefore bool
 	// marker is a file in the plugin's data directory: present, the node
 	// published before (so an empty pool in the API was deleted, not
 	// never written); it holds seen, so that a restart keeps it.
 	marker string
 }
 
-func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string) *lazyMIG {
+// ranBefore says a plugin ran on this node before (its data directory had
+// files): with no marker, it published every partition.
+func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string, ranBefore bool) *lazyMIG {
 	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), held: make(chan struct{}, 1), pins: map[string]int{},
-		seen: map[string]seenTaint{}, withdrew: map[string]lazymig.State{}, marker: marker}
+		seen: map[string]seenTaint{}, withdrew: map[string]lazymig.State{}, marker: marker, ranBefore: ranBefore}
 }
 
 // poke asks for a new decision now.
@@ -293,8 +297,12 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 		}
 		shown, complete := l.shown(inv)
 		if len(shown) == 0 && complete {
+			// A node that never published; one that ran without the
+			// marker published every partition (LazyMIG off, or a
+			// release without it), and the scheduler may hold
+			// allocations it made from them.
 			_, err := os.Stat(l.marker)
-			complete = errors.Is(err, fs.ErrNotExist) // a node that never published
+			complete = errors.Is(err, fs.ErrNotExist) && !l.ranBefore
 		}
 		last = map[string]lazymig.State{}
 		remembered := l.loadSeen(ctx)

@@ -14,6 +14,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/driver/health"
+	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/plugin"
@@ -508,4 +509,39 @@ func TestARestartRemembersWhenATaintWasFirstSeen(t *testing.T) {
 	}
 	clk.Step(2 * time.Second)
 	h.awaitLazy("a grace after the taint was first seen", map[string]string{"gpu-7": "open"})
+}
+
+// TestTurningLazyMIGOnCountsEveryPartitionAsPublished: a node whose plugin
+// published every partition (LazyMIG off, or a release without it) and
+// whose slices the kubelet then deleted, restarted with LazyMIG on, has no
+// marker of lazy publishing; it still ran before, and the scheduler may hold
+// allocations it made from any partition. Every free GPU's partitions are
+// published again, tainted, and withdrawn only through the grace, not cut
+// to the spare at once as on a node that never published.
+func TestTurningLazyMIGOnCountsEveryPartitionAsPublished(t *testing.T) {
+	h, clk := startLazy(t, func(o *plugin.Options) {
+		o.FeatureGates = features.New()
+		if err := o.FeatureGates.Set("LazyMIG=false"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	h.awaitSlices("every partition published", func(m map[string][]string) bool { return len(m) == 8+8*partitionsPerH100 })
+	h.plugin.Stop()
+	_, sl := h.publishedTaints()
+	for _, s := range sl {
+		if err := h.client.ResourceV1().ResourceSlices().Delete(h.ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.opts.FeatureGates = nil // the defaults: LazyMIG on
+	h.restart()
+	want := map[string]string{"gpu-7": "open"}
+	for g := range 7 {
+		want[fmt.Sprintf("gpu-%d", g)] = "closing"
+	}
+	h.awaitLazy("LazyMIG turned on", want)
+	// The grace counts from when the plugin first sees its taints in the
+	// API, which may be after this step: one more grace is allowed.
+	clk.Step(lazyGrace)
+	h.awaitWithdrawn(clk, "a grace later", map[string]string{"gpu-7": "open"})
 }

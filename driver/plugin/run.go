@@ -94,6 +94,14 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		return nil, fmt.Errorf("create --plugin-data-dir: %w", err)
 	}
 	gates := o.gates()
+	// Before discovery writes its file: a plugin ran here before, and
+	// may have published (every partition, before lazy publishing).
+	ranBefore := false
+	for _, f := range []string{LastKnownFile, checkpoint.FileName, LazyMIGMarkerFile} {
+		if _, err := os.Stat(filepath.Join(o.PluginDataDir, f)); err == nil {
+			ranBefore = true
+		}
+	}
 	gpus, err := discovery.DiscoverWith(ctx, node, discovery.Options{LastKnownPath: filepath.Join(o.PluginDataDir, LastKnownFile)})
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
@@ -203,7 +211,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		if o.Clock != nil {
 			clk = o.Clock
 		}
-		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile))
+		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile), ranBefore)
 	}
 	alive := func() error { return context.Cause(ctx) }
 	registered := newRegistration()
