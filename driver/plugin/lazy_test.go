@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
 
-	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/features"
+	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/lazymig"
 	"github.com/tessera-dev/tessera/driver/nodelock"
 	"github.com/tessera-dev/tessera/driver/plugin"
