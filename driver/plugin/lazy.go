@@ -353,7 +353,7 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 				// A claim holds one (its pod not started yet): count
 				// again from now. The partitions carry a taint without a
 				// break, so the new stamp's countdown is its own time.
-				restamp := now.Round(time.Second).UTC()
+				restamp := ceilSecond(now)
 				in[i].Published = lazymig.State{Open: true, Closing: restamp}
 				l.seen[g.Name] = seenTaint{taint: restamp, at: restamp}
 			case now.Before(l.countdown(g.Name, s, now).Add(l.policy.Grace)):
@@ -388,7 +388,12 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 		// each withdrawal taint was first seen, so that a restart does not
 		// count a grace from a stamp the scheduler saw later.
 		if err := l.saveSeen(); err != nil {
-			return lazymig.Decision{}, fmt.Errorf("mark the node as published lazily: %w", err)
+			if l.last == nil {
+				return lazymig.Decision{}, fmt.Errorf("mark the node as published lazily: %w", err)
+			}
+			// The marker is there; a stale record only makes a restart
+			// count a taint from later. Deciding on matters more.
+			klog.FromContext(ctx).Error(err, "Keeping the withdrawal taints' first sightings failed; a restart counts them from then", "file", l.marker)
 		}
 	}
 	l.last = d.States
@@ -447,11 +452,22 @@ func (l *lazyMIG) countdown(gpu string, s lazymig.State, now time.Time) time.Tim
 	seen, ok := l.seen[gpu]
 	switch {
 	case !ok || !seen.taint.Equal(s.Closing):
-		return now.Round(time.Second).UTC()
+		return ceilSecond(now)
 	case seen.at.After(s.Closing.Add(time.Second)):
-		return seen.at.Round(time.Second).UTC()
+		return ceilSecond(seen.at)
 	}
 	return s.Closing
+}
+
+// ceilSecond is t rounded up to the second a taint's time is written in:
+// never before t, and, for a sighting more than a second after a stamp,
+// at least two seconds after it, which the upstream slice controller (it
+// takes taint times within a second as equal) does write.
+func ceilSecond(t time.Time) time.Time {
+	if c := t.Truncate(time.Second); !c.Equal(t) {
+		return c.Add(time.Second).UTC()
+	}
+	return t.UTC()
 }
 
 // seenTaint is when a withdrawal taint of a time was first seen in the API.

@@ -438,39 +438,45 @@ func TestABurstOfPodsWritesTheSlicesAtMostOncePerInterval(t *testing.T) {
 }
 
 // TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace: when the plugin first
-// sees its own withdrawal taint in the API some seconds after the taint's
-// stamp (its echo waits for the publish interval), the grace counts from
-// then, once: at the end of the grace the taint is stamped with that time,
-// which is that taint's own countdown, and the GPU is withdrawn a grace
-// after it, not stamped again each grace for ever.
+// sees its own withdrawal taint in the API some time after the taint's stamp
+// (its echo waits for the publish interval), the grace counts from then,
+// once: at the end of the grace the taint is stamped with that time, rounded
+// up to the second (a stamp within a second of the old one the upstream
+// slice controller would not write), which is that taint's own countdown,
+// and the GPU is withdrawn a grace after it, not stamped again each grace
+// for ever.
 func TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace(t *testing.T) {
-	// Changes of what the node holds wait an hour: every decision below
-	// is one the test makes (a health change) or a grace's end.
-	h, clk := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = time.Hour })
-	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
-	a := h.claim("a", "gpu-7-mig-1g10gb-6")
-	if _, msg := h.prepare(a); msg != "" {
-		t.Fatal(msg)
+	for _, late := range []time.Duration{2 * time.Second, 1300 * time.Millisecond} {
+		t.Run(fmt.Sprintf("seen %v late", late), func(t *testing.T) {
+			// Changes of what the node holds wait an hour: every
+			// decision below is one the test makes (a health change)
+			// or a grace's end.
+			h, clk := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = time.Hour })
+			h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
+			a := h.claim("a", "gpu-7-mig-1g10gb-6")
+			if _, msg := h.prepare(a); msg != "" {
+				t.Fatal(msg)
+			}
+			h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
+			if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
+				t.Fatalf("unprepare: %v %v", err, resp)
+			}
+			if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+			stamp := h.closingSince("gpu-6")
+			clk.Step(late)
+			h.republished("the taint seen", 2, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+			seen := stamp.Add(2 * time.Second) // the sighting, rounded up
+			clk.Step(lazyGrace - late)
+			h.awaitSlices("the grace counted from the stamp is over", func(map[string][]string) bool { return h.closingSince("gpu-6").Equal(seen) })
+			clk.Step(time.Second)
+			h.republished("the restamped taint seen, a second before its grace ends", 3, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+			clk.Step(time.Second)
+			h.awaitLazy("a grace after the taint was first seen", map[string]string{"gpu-7": "open"})
+		})
 	}
-	h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
-	if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
-		t.Fatalf("unprepare: %v %v", err, resp)
-	}
-	if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
-	stamp := h.closingSince("gpu-6")
-	// First seen two seconds after its stamp.
-	clk.Step(2 * time.Second)
-	h.republished("the taint seen", 2, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
-	seen := stamp.Add(2 * time.Second)
-	clk.Step(lazyGrace - 2*time.Second)
-	h.awaitSlices("the grace counted from the stamp is over", func(map[string][]string) bool { return h.closingSince("gpu-6").Equal(seen) })
-	clk.Step(time.Second)
-	h.republished("the restamped taint seen, a second before its grace ends", 3, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
-	clk.Step(time.Second)
-	h.awaitLazy("a grace after the taint was first seen", map[string]string{"gpu-7": "open"})
 }
 
 // TestARestartRemembersWhenATaintWasFirstSeen: the plugin first sees its own
