@@ -72,12 +72,15 @@ type lazyMIG struct {
 	// decision.
 	last map[string]lazymig.State
 	// seen is when the API was first seen showing a GPU's partitions all
-	// tainted, with that taint's time; a countdown starts no earlier (the
+	// tainted, without a break since; a countdown starts no earlier (the
 	// taint's own time is when the plugin decided, and its write may have
-	// been late). A taint of another time is another countdown: seen
-	// anew, even if no decision ran while the API showed none (wakes are
-	// coalesced), so a countdown can never be inherited from an earlier
-	// taint.
+	// been late). Which stamp the taint carries does not matter to the
+	// scheduler, only that one is there: a re-stamp (ours, or another
+	// instance's) keeps the sighting. It is dropped when a decision sees
+	// the GPU untainted, and when this instance withdraws the GPU (wakes
+	// are coalesced: a decision may never see the withdrawal land before
+	// another instance publishes the GPU again). taint is the stamp last
+	// seen or written, which a restart checks its record against.
 	seen map[string]seenTaint
 	// saved is seen as the marker file holds it.
 	saved map[string]seenTaint
@@ -363,7 +366,7 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 				// forever and the GPU never be withdrawn).
 				c := l.countdown(g.Name, s, now)
 				in[i].Published = lazymig.State{Open: true, Closing: c}
-				l.seen[g.Name] = seenTaint{taint: c, at: c}
+				l.seen[g.Name] = seenTaint{taint: c, at: l.seen[g.Name].at}
 			default:
 				continue
 			}
@@ -377,6 +380,7 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 	for _, g := range in {
 		if _, kept := d.States[g.Name]; !kept && g.Published.Open {
 			l.withdrew[g.Name] = g.Published
+			delete(l.seen, g.Name) // its countdown is over
 		}
 	}
 	for g := range d.States {
@@ -451,7 +455,7 @@ func (l *lazyMIG) loadSeen(ctx context.Context) map[string]seenTaint {
 func (l *lazyMIG) countdown(gpu string, s lazymig.State, now time.Time) time.Time {
 	seen, ok := l.seen[gpu]
 	switch {
-	case !ok || !seen.taint.Equal(s.Closing):
+	case !ok:
 		return ceilSecond(now)
 	case seen.at.After(s.Closing.Add(time.Second)):
 		return ceilSecond(seen.at)
@@ -470,7 +474,8 @@ func ceilSecond(t time.Time) time.Time {
 	return t.UTC()
 }
 
-// seenTaint is when a withdrawal taint of a time was first seen in the API.
+// seenTaint is when a GPU's withdrawal taint was first seen in the API, and
+// the stamp it carries now.
 type seenTaint struct{ taint, at time.Time }
 
 // decide gathers Decide's input and decides once.
@@ -533,8 +538,10 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 		pub, s := last[g], shown[g]
 		if !s.IsClosing() {
 			delete(l.seen, g)
-		} else if seen, ok := l.seen[g]; !ok || !seen.taint.Equal(s.Closing) {
+		} else if seen, ok := l.seen[g]; !ok {
 			l.seen[g] = seenTaint{taint: s.Closing, at: now}
+		} else if !seen.taint.Equal(s.Closing) {
+			l.seen[g] = seenTaint{taint: s.Closing, at: seen.at}
 		}
 		if !s.Open {
 			delete(l.withdrew, g) // our withdrawal has landed
