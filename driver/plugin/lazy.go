@@ -77,9 +77,9 @@ type lazyMIG struct {
 	// been late). Which stamp the taint carries does not matter to the
 	// scheduler, only that one is there: a re-stamp (ours, or another
 	// instance's) keeps the sighting. It is dropped when a decision sees
-	// the GPU untainted, and when this instance withdraws the GPU (wakes
-	// are coalesced: a decision may never see the withdrawal land before
-	// another instance publishes the GPU again). taint is the stamp last
+	// the GPU untainted, and when this instance withdraws or reopens the
+	// GPU (wakes are coalesced: a decision may never see that land before
+	// the GPU is tainted again, by this instance or another). taint is the stamp last
 	// seen or written, which a restart checks its record against.
 	seen map[string]seenTaint
 	// saved is seen as the marker file holds it.
@@ -383,8 +383,13 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			delete(l.seen, g.Name) // its countdown is over
 		}
 	}
-	for g := range d.States {
+	for g, st := range d.States {
 		delete(l.withdrew, g)
+		if !st.IsClosing() {
+			// Published untainted now (reopened by a prepare): a later
+			// taint is a new one, even if no decision sees this land.
+			delete(l.seen, g)
+		}
 	}
 	if l.last == nil || !maps.Equal(l.saved, l.seen) {
 		// On disk before the first lazy publish: a restart that then finds
