@@ -82,6 +82,9 @@ type lazyMIG struct {
 	// the GPU is tainted again, by this instance or another). taint is the stamp last
 	// seen or written, which a restart checks its record against.
 	seen map[string]seenTaint
+	// reopened is, by GPU, the stamp of the taint this instance took off
+	// (reopening the GPU) while the API may still show it.
+	reopened map[string]time.Time
 	// saved is seen as the marker file holds it.
 	saved map[string]seenTaint
 	// withdrew names the GPUs whose partitions this instance withdrew while
@@ -102,7 +105,7 @@ type lazyMIG struct {
 // files): with no marker, it published every partition.
 func newLazyMIG(policy lazymig.Policy, clk clock.WithTicker, client kubernetes.Interface, node string, claims *prepare.Manager, marker string, ranBefore bool) *lazyMIG {
 	return &lazyMIG{policy: policy, clock: clk, client: client, node: node, claims: claims, wake: make(chan struct{}, 1), held: make(chan struct{}, 1), pins: map[string]int{},
-		seen: map[string]seenTaint{}, withdrew: map[string]lazymig.State{}, marker: marker, ranBefore: ranBefore}
+		seen: map[string]seenTaint{}, reopened: map[string]time.Time{}, withdrew: map[string]lazymig.State{}, marker: marker, ranBefore: ranBefore}
 }
 
 // poke asks for a new decision now.
@@ -366,7 +369,11 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 				// forever and the GPU never be withdrawn).
 				c := l.countdown(g.Name, s, now)
 				in[i].Published = lazymig.State{Open: true, Closing: c}
-				l.seen[g.Name] = seenTaint{taint: c, at: l.seen[g.Name].at}
+				at := l.seen[g.Name].at
+				if at.IsZero() {
+					at = c // first seen only now, by the check
+				}
+				l.seen[g.Name] = seenTaint{taint: c, at: at}
 			default:
 				continue
 			}
@@ -383,13 +390,17 @@ func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taint
 			delete(l.seen, g.Name) // its countdown is over
 		}
 	}
-	for g, st := range d.States {
-		delete(l.withdrew, g)
-		if !st.IsClosing() {
-			// Published untainted now (reopened by a prepare): a later
-			// taint is a new one, even if no decision sees this land.
-			delete(l.seen, g)
+	for _, g := range in {
+		if st, kept := d.States[g.Name]; kept && !st.IsClosing() && g.Published.IsClosing() {
+			// Reopened (a prepare): published untainted now. A later
+			// taint is a new one, and until this lands the API's old
+			// taint is no sighting of it.
+			delete(l.seen, g.Name)
+			l.reopened[g.Name] = g.Published.Closing
 		}
+	}
+	for g := range d.States {
+		delete(l.withdrew, g)
 	}
 	if l.last == nil || !maps.Equal(l.saved, l.seen) {
 		// On disk before the first lazy publish: a restart that then finds
@@ -541,11 +552,19 @@ func (l *lazyMIG) decide(ctx context.Context, inv *inventory.Inventory, gpus []s
 	in := make([]lazymig.GPU, 0, len(gpus))
 	for _, g := range gpus {
 		pub, s := last[g], shown[g]
-		if !s.IsClosing() {
+		if r, ok := l.reopened[g]; ok && !(s.IsClosing() && r.Equal(s.Closing)) {
+			delete(l.reopened, g) // our reopening has landed, or more since
+		}
+		_, stale := l.reopened[g]
+		switch seen, ok := l.seen[g]; {
+		case !s.IsClosing():
 			delete(l.seen, g)
-		} else if seen, ok := l.seen[g]; !ok {
+		case stale:
+			// The taint this instance took off, not yet gone from the
+			// API: no sighting of a taint to come.
+		case !ok:
 			l.seen[g] = seenTaint{taint: s.Closing, at: now}
-		} else if !seen.taint.Equal(s.Closing) {
+		case !seen.taint.Equal(s.Closing):
 			l.seen[g] = seenTaint{taint: s.Closing, at: seen.at}
 		}
 		if !s.Open {
