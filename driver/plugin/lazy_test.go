@@ -437,6 +437,26 @@ func TestABurstOfPodsWritesTheSlicesAtMostOncePerInterval(t *testing.T) {
 	t.Logf("%d cycles in %v: %d slice writes", cycles, burst.Round(time.Millisecond), writes)
 }
 
+// taintGPU6 opens gpu-6 (a 1g partition of the spare prepared), then frees
+// it, each published by a health change (the tests using it pace everything
+// else for an hour), and returns the withdrawal taint's stamp.
+func (h *healthHarness) taintGPU6() time.Time {
+	h.t.Helper()
+	a := h.claim("a", "gpu-7-mig-1g10gb-6")
+	if _, msg := h.prepare(a); msg != "" {
+		h.t.Fatal(msg)
+	}
+	h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
+	if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
+		h.t.Fatalf("unprepare: %v %v", err, resp)
+	}
+	if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
+	return h.closingSince("gpu-6")
+}
+
 // TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace: when the plugin first
 // sees its own withdrawal taint in the API some time after the taint's stamp
 // (its echo waits for the publish interval), the grace counts from then,
@@ -453,19 +473,7 @@ func TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace(t *testing.T) {
 			// or a grace's end.
 			h, clk := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = time.Hour })
 			h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
-			a := h.claim("a", "gpu-7-mig-1g10gb-6")
-			if _, msg := h.prepare(a); msg != "" {
-				t.Fatal(msg)
-			}
-			h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
-			if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
-				t.Fatalf("unprepare: %v %v", err, resp)
-			}
-			if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
-			stamp := h.closingSince("gpu-6")
+			stamp := h.taintGPU6()
 			clk.Step(late)
 			h.republished("the taint seen", 2, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
 			clk.Step(lazyGrace - late)
@@ -491,19 +499,7 @@ func TestATaintFirstSeenLateIsWithdrawnAfterOneMoreGrace(t *testing.T) {
 func TestARestartRemembersWhenATaintWasFirstSeen(t *testing.T) {
 	h, clk := startLazy(t, func(o *plugin.Options) { o.MIGPublishInterval = time.Hour })
 	h.awaitLazy("empty node", map[string]string{"gpu-7": "open"})
-	a := h.claim("a", "gpu-7-mig-1g10gb-6")
-	if _, msg := h.prepare(a); msg != "" {
-		t.Fatal(msg)
-	}
-	h.republished("a 1g on gpu-7", 0, map[string]string{"gpu-7": "open", "gpu-6": "open"})
-	if resp, err := h.kubelet.Unprepare(h.ctx, a); err != nil || resp.Claims[string(a.UID)].GetError() != "" {
-		t.Fatalf("unprepare: %v %v", err, resp)
-	}
-	if err := h.client.ResourceV1().ResourceClaims(a.Namespace).Delete(h.ctx, a.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.republished("a released", 1, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
-	stamp := h.closingSince("gpu-6")
+	stamp := h.taintGPU6()
 	clk.Step(2 * time.Second)
 	h.republished("the taint seen, two seconds after its stamp", 2, map[string]string{"gpu-7": "open", "gpu-6": "closing"})
 
