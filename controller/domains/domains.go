@@ -112,7 +112,8 @@ func attr(d resourceapi.Device, name string) string {
 
 // Resources is what to publish for the domains: a pool per domain, selecting
 // exactly its nodes by name, with channels devices channel-0 ... each
-// carrying the domain's kind, value, node and GPU count.
+// carrying the domain's kind, value, node and GPU count, and tainted so
+// that only the gang controller allocates them (domain.TaintKey).
 func Resources(ds []Domain, channels int) *resourceslice.DriverResources {
 	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	for _, d := range ds {
@@ -128,6 +129,8 @@ func Resources(ds []Domain, channels int) *resourceslice.DriverResources {
 					domain.AttrNodes:   {IntValue: ptr.To(int64(len(d.Nodes)))},
 					domain.AttrGPUs:    {IntValue: ptr.To(int64(d.GPUs))},
 				},
+				// The controller alone allocates channels.
+				Taints: []resourceapi.DeviceTaint{domain.Taint()},
 			})
 		}
 		out.Pools[d.Pool()] = resourceslice.Pool{

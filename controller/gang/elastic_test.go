@@ -104,8 +104,9 @@ func TestAnElasticGangStartsAtItsMinimumGrowsAndGoesOnWithoutALostMember(t *test
 	}
 	for _, name := range []string{"m-4", "m-5"} {
 		p, c := f.pod("ml", name), f.claim("ml", name+"-gpu")
-		if pinnedTo(p) != "b2" || p.Annotations[gangv1.AnnotationPlacement] != id || c.Annotations[gangv1.AnnotationPlacement] != id || c.Annotations[gangv1.AnnotationSize] != "6" || c.Status.Allocation == nil {
-			t.Errorf("grown member %s: pinned to %q, placement %q/%q, size %q, allocated %v", name, pinnedTo(p), p.Annotations[gangv1.AnnotationPlacement], c.Annotations[gangv1.AnnotationPlacement], c.Annotations[gangv1.AnnotationSize], c.Status.Allocation != nil)
+		// The scheduler, not the controller, allocates the claim.
+		if pinnedTo(p) != "b2" || p.Annotations[gangv1.AnnotationPlacement] != id || c.Annotations[gangv1.AnnotationPlacement] != id || c.Annotations[gangv1.AnnotationSize] != "6" || c.Annotations[gangv1.AnnotationNode] != "b2" || c.Status.Allocation != nil {
+			t.Errorf("grown member %s: pinned to %q, placement %q/%q, size %q, node %q, allocated by the controller %v", name, pinnedTo(p), p.Annotations[gangv1.AnnotationPlacement], c.Annotations[gangv1.AnnotationPlacement], c.Annotations[gangv1.AnnotationSize], c.Annotations[gangv1.AnnotationNode], c.Status.Allocation != nil)
 		}
 	}
 	if _, ok := g.Annotations[gangv1.AnnotationUncommitted]; ok || g.Annotations[gangv1.AnnotationCommitted] != id {
@@ -183,9 +184,10 @@ func sameMap(a, b map[string]string) bool {
 	return true
 }
 
-// A growth cut short after writing a claim is rolled back from its record:
-// only the new member's claims are cleared, the placement stays committed
-// and its running members untouched, and the next look grows again.
+// A growth cut short after annotating a claim is rolled back from its
+// record: the new members stay gated holding nothing, the placement stays
+// committed and its running members untouched, and the next look grows
+// again.
 func TestAnInterruptedGrowthIsRolledBackAloneAndRetried(t *testing.T) {
 	f, id := roomForGrowth(t)
 	f.r.interrupt = func(step string) bool { return step == StepClaimWritten }
@@ -200,7 +202,11 @@ func TestAnInterruptedGrowthIsRolledBackAloneAndRetried(t *testing.T) {
 	}
 	written := 0
 	for _, name := range []string{"m-4", "m-5"} {
-		if f.claim("ml", name+"-gpu").Status.Allocation != nil {
+		c := f.claim("ml", name+"-gpu")
+		if c.Status.Allocation != nil {
+			t.Errorf("member %s: the controller allocated its claim", name)
+		}
+		if c.Annotations[gangv1.AnnotationGrowth] == rec.Attempt {
 			written++
 		}
 	}

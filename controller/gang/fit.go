@@ -247,7 +247,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 	}
 	p := &plan{pool: cand.pool}
 	if v.domainClaim != nil {
-		res, err := cluster.AllocateOnNode(ctx, usable[0], v.domainClaim)
+		res, err := cluster.AllocateOnNode(ctx, usable[0], domain.Tolerating(v.domainClaim))
 		if err != nil {
 			return nil, vd, fmt.Errorf("domain %s: allocate domain claim %s/%s: %w", cand.pool, v.domainClaim.Namespace, v.domainClaim.Name, err)
 		}

@@ -37,15 +37,50 @@ func (f *fakeCluster) prioGang(name string, n int, gpus int64, priority int32, e
 	}
 }
 
-// runReleased binds released pods to the node they are pinned to, running,
-// as the scheduler and the kubelet would.
-func (f *fakeCluster) runReleased(names ...string) {
+// allocateReleased allocates each released pod's own claims on the node it
+// is pinned to and reserves them for it, as the scheduler does (with the
+// scheduler's allocator over the claims as they are now): the controller
+// allocates none of them.
+func (f *fakeCluster) allocateReleased(names ...string) {
 	f.t.Helper()
 	for _, name := range names {
 		p := f.pod("ml", name)
 		if len(p.Spec.SchedulingGates) != 0 || pinnedTo(p) == "" {
 			f.t.Fatalf("pod %s is not released to a node", name)
 		}
+		n, err := f.client.CoreV1().Nodes().Get(f.ctx, pinnedTo(p), metav1.GetOptions{})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, st := range p.Status.ResourceClaimStatuses {
+			c := f.claim("ml", *st.ResourceClaimName)
+			if c.Status.Allocation != nil {
+				continue
+			}
+			snap, err := simulate.List(f.ctx, f.client)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			res, err := snap.Cluster(nil, nil).AllocateOnNode(f.ctx, n, c)
+			if err != nil || len(res) != 1 {
+				f.t.Fatalf("the scheduler cannot allocate claim %s of %s on %s: %v %v", c.Name, name, n.Name, res, err)
+			}
+			c.Status.Allocation = &res[0]
+			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: p.UID}}
+			if _, err := f.client.ResourceV1().ResourceClaims("ml").UpdateStatus(f.ctx, c, metav1.UpdateOptions{}); err != nil {
+				f.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// runReleased allocates released pods' claims and binds the pods to the
+// node they are pinned to, running, as the scheduler and the kubelet would.
+func (f *fakeCluster) runReleased(names ...string) {
+	f.t.Helper()
+	f.allocateReleased(names...)
+	for _, name := range names {
+		p := f.pod("ml", name)
 		p.Spec.NodeName = pinnedTo(p)
 		p.Status.Phase = v1.PodRunning
 		if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {

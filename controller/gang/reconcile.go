@@ -28,9 +28,12 @@ import (
 
 // Steps at which Options.Interrupt may stop a placement, as a crash would.
 const (
-	StepClaimWritten = "claim-written" // after each claim's allocation is written
+	StepClaimWritten = "claim-written" // after each claim is written (the domain claim's allocation, a member's annotations)
 	StepCommit       = "commit"        // every claim written, before the commit mark
 	StepRelease      = "release"       // committed, before any gate is released
+	// StepBind: the scheduler has allocated every member's claims, before
+	// the controller lets the members bind (bindTogether).
+	StepBind = "bind"
 )
 
 // errInterrupted stops a placement at an Interrupt step without rollback.
@@ -39,8 +42,8 @@ var errInterrupted = errors.New("placement interrupted (test hook)")
 // reconciler drives one gang at a time towards placed-and-running or held
 // with nothing allocated. Everything it needs to resume is in the API: the
 // gang's record of a placement being written and its committed-placement
-// annotation, the placement annotation on each claim and released pod, and
-// the claims' allocations.
+// annotation, the placement and node annotations on each claim and released
+// pod, the domain claim's allocation and its binding conditions.
 type reconciler struct {
 	client    kubernetes.Interface
 	gangs     Client
@@ -298,9 +301,11 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		_, _, rbErr := r.rollBackRecorded(ctx, recorded)
 		return result{requeueAfter: time.Second}, errors.Join(fmt.Errorf("commit placement of gang %s/%s: %w", g.Namespace, g.Name, err), rbErr)
 	}
-	// A reservation's rules go before the members reach the scheduler.
-	if err := r.syncReservationRules(ctx, g, nil, false); err != nil {
-		logger.Error(err, "Could not remove the reservation of a placed gang; the next look does")
+	// A reservation is handed to the members (kept until the scheduler
+	// has allocated them, if they tolerate it), or its rules go before
+	// the members reach the scheduler.
+	if _, err := r.handOff(ctx, g, p.members, st); err != nil {
+		logger.Error(err, "Could not hand the reservation of a placed gang over; the next look does")
 	}
 	if err := r.releaseAll(ctx, p, id); err != nil {
 		return result{}, err // committed: the next reconcile releases the rest
@@ -444,6 +449,12 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		if err != nil {
 			return true, result{}, err
 		}
+		if err := r.bindTogether(ctx, v.domainClaim, in); err != nil {
+			return true, result{requeueAfter: time.Second}, err
+		}
+		if err := r.handingOff(ctx, g, in, st); err != nil {
+			return true, result{requeueAfter: time.Second}, err
+		}
 		running := 0
 		var nodes []string
 		for _, m := range in {
@@ -497,13 +508,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	setCondition(st, g.Generation, gangv1.ConditionRunning, false, gangv1.ReasonMemberLost, msg)
 	setCondition(st, g.Generation, gangv1.ConditionWaiting, true, gangv1.ReasonMemberLost, "evicting the members of the lost placement")
 	st.PlacedMembers = 0
+	// Members waiting in the scheduler to bind give up first: none of them
+	// starts. Gated members hold nothing (only the scheduler allocates
+	// their claims, after their release).
+	if err := failBinding(ctx, r.client, v.domainClaim, msg); err != nil {
+		return true, result{requeueAfter: time.Second}, err
+	}
 	err := byRoleLastFirst(in, func(m *member) error {
 		if m.gated() {
-			for _, c := range m.claims {
-				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-					return err
-				}
-			}
 			return nil
 		}
 		return evict(ctx, r.client, m.pod)
@@ -519,22 +531,32 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	return true, result{requeueAfter: time.Second}, nil
 }
 
-// claimsOf says whether every claim of a gated member is allocated for
-// placement id (so the member belongs to it).
+// claimsOf says whether every claim of a gated member was written for
+// placement id, with the member's node (so the member belongs to it).
 func claimsOf(m *member, id string) bool {
 	if len(m.claims) == 0 {
 		return false
 	}
 	for _, c := range m.claims {
-		if c.Status.Allocation == nil || c.Annotations[gangv1.AnnotationPlacement] != id {
+		if c.Annotations[gangv1.AnnotationPlacement] != id || c.Annotations[gangv1.AnnotationNode] == "" {
 			return false
 		}
 	}
 	return true
 }
 
-// nodeOf is the node a member's claims were allocated on.
+// nodeOf is the node of a member: where it is bound, else the node its
+// placement chose (its claims' annotation), else where its claims were
+// allocated.
 func nodeOf(m *member, v *view) string {
+	if m.pod.Spec.NodeName != "" {
+		return m.pod.Spec.NodeName
+	}
+	for _, c := range m.claims {
+		if n := c.Annotations[gangv1.AnnotationNode]; n != "" {
+			return n
+		}
+	}
 	for _, c := range m.claims {
 		if c.Status.Allocation != nil {
 			if n := nodeNameOf(c.Status.Allocation.NodeSelector); n != "" {
@@ -604,20 +626,34 @@ func (r *reconciler) holds(g *gangv1.Gang, v *view) {
 	}
 }
 
-// writeClaims writes the claims of ws for placement id of gang g in
-// parallel and returns them as written (nil where a write failed); an
+// writeClaims writes the claims of ws for placement id of gang g (the
+// domain claim first, then the members' in parallel) and returns them as
+// written (nil where a write failed); an
 // Interrupt at StepClaimWritten makes it return errInterrupted.
 func (r *reconciler) writeClaims(ctx context.Context, g *gangv1.Gang, id string, ws []claimWrite) ([]*resourceapi.ResourceClaim, error) {
 	written := make([]*resourceapi.ResourceClaim, len(ws))
 	var interrupted atomic.Bool
-	err := parallel(len(ws), func(i int) error {
+	write := func(i int) error {
 		c, err := writeClaim(ctx, r.client, g, id, ws[i])
 		written[i] = c
 		if err == nil && r.interrupt != nil && r.interrupt(StepClaimWritten) {
 			interrupted.Store(true)
 		}
 		return err
-	})
+	}
+	// The domain claim's channel first, alone: a placement that cannot
+	// have its channel annotates no member.
+	first := 0
+	if len(ws) > 0 && ws[0].allocate {
+		if err := write(0); err != nil || interrupted.Load() {
+			if interrupted.Load() {
+				return written, errInterrupted
+			}
+			return written, err
+		}
+		first = 1
+	}
+	err := parallel(len(ws)-first, func(i int) error { return write(first + i) })
 	if interrupted.Load() {
 		return written, errInterrupted
 	}

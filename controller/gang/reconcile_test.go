@@ -341,6 +341,7 @@ func (f *fakeCluster) placedGang(boundFor time.Duration) *resourceapi.ResourceCl
 	if f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted] == "" {
 		f.t.Fatal("the gang was not placed")
 	}
+	f.allocateReleased("m-0", "m-1")
 	for _, name := range []string{"m-0", "m-1"} {
 		p, err := f.client.CoreV1().Pods("ml").Get(f.ctx, name, metav1.GetOptions{})
 		if err != nil {

@@ -60,11 +60,11 @@ func TestARoleGangIsPlacedInOneDomainWithRanksPerRole(t *testing.T) {
 				t.Errorf("member %s: %s is %q on its claim and %q on its pod, want %q", name, k, c.Annotations[k], p.Annotations[k], v)
 			}
 		}
-		if c.Status.Allocation == nil || c.Status.Allocation.Devices.Results[0].Pool == "" {
-			t.Fatalf("member %s: claim not allocated", name)
+		if c.Status.Allocation != nil {
+			t.Fatalf("member %s: the controller allocated its claim; only the scheduler may", name)
 		}
-		if node := pinnedTo(p); node == "a1" || node == "" {
-			t.Errorf("member %s pinned to %q, want a tray of the three-tray clique", name, node)
+		if node := pinnedTo(p); node == "a1" || node == "" || c.Annotations[gangv1.AnnotationNode] != node {
+			t.Errorf("member %s pinned to %q (its claim says %q), want a tray of the three-tray clique", name, node, c.Annotations[gangv1.AnnotationNode])
 		}
 	}
 	if r := f.claim("ml", "domain").Status.Allocation.Devices.Results[0]; r.Pool != poolOf(2) {

@@ -18,7 +18,8 @@ import (
 
 // This file undoes placements: from the record a placement leaves on its
 // gang while it writes claims (whatever the gang's spec says by the time it
-// is read), from the claims of gated members, and when a gang is deleted.
+// is read), and when a gang is deleted. The only allocation it ever clears
+// is a domain channel's (clearClaim): the controller allocates nothing else.
 
 // recordPlacement writes on the gang, before any claim, which claims
 // placement id (or, with attempt set, that growth of placement id) is about
@@ -95,10 +96,13 @@ func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (free
 					continue
 				}
 			}
-			if err := clearClaim(ctx, r.client, g.Namespace, name, rec.Placement); err != nil {
+			cleared, err := clearClaim(ctx, r.client, g.Namespace, name, rec.Placement)
+			if err != nil {
 				return freed, true, fmt.Errorf("roll back placement %s of gang %s/%s: %w", rec.Placement, g.Namespace, g.Name, err)
 			}
-			freed++
+			if cleared {
+				freed++
+			}
 		}
 	}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -122,27 +126,13 @@ func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (free
 	return freed, true, nil
 }
 
-// rollBack frees what an uncommitted placement (one a crash interrupted, or
-// a lost one) left: allocations on gated members' claims, and the domain
-// claim once no pod it was reserved for exists. busy is true while the
-// domain claim still serves pods of an earlier placement.
+// rollBack frees what an unfinished placement (one a crash interrupted, or
+// a lost one) left: the domain claim's channel, once no pod it was reserved
+// for exists. Members' own claims hold nothing the controller wrote (only
+// the scheduler allocates them, once a member is released). busy is true
+// while the domain claim still serves pods of an earlier placement.
 func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (busy bool, _ error) {
 	freed := 0
-	for _, m := range v.live {
-		if !m.gated() {
-			continue
-		}
-		for _, c := range m.claims {
-			id := c.Annotations[gangv1.AnnotationPlacement]
-			if c.Status.Allocation == nil || id == "" {
-				continue
-			}
-			if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-				return false, err
-			}
-			freed++
-		}
-	}
 	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil {
 		for _, ref := range dc.Status.ReservedFor {
 			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
@@ -150,10 +140,13 @@ func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *
 				return true, nil
 			}
 		}
-		if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+		cleared, err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, "")
+		if err != nil {
 			return false, err
 		}
-		freed++
+		if cleared {
+			freed++
+		}
 	}
 	if freed > 0 {
 		r.recorder.Eventf(g, v1.EventTypeNormal, gangv1.ReasonRolledBack, "rolled back an unfinished placement: freed %d claims", freed)
@@ -181,18 +174,6 @@ func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) erro
 		}
 		g = fresh
 	}
-	for _, m := range v.live {
-		if !m.gated() {
-			continue
-		}
-		for _, c := range m.claims {
-			if id := c.Annotations[gangv1.AnnotationPlacement]; id != "" && c.Status.Allocation != nil {
-				if err := clearClaim(ctx, r.client, c.Namespace, c.Name, id); err != nil {
-					return err
-				}
-			}
-		}
-	}
 	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
 		inUse := false
 		for _, ref := range dc.Status.ReservedFor {
@@ -201,7 +182,7 @@ func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) erro
 			}
 		}
 		if !inUse {
-			if err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
+			if _, err := clearClaim(ctx, r.client, dc.Namespace, dc.Name, ""); err != nil {
 				return err
 			}
 		}

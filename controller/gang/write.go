@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/simulate"
 )
 
@@ -36,7 +37,14 @@ const writeParallelism = 32
 // claimWrite is one claim's part of a placement.
 type claimWrite struct {
 	claim *resourceapi.ResourceClaim
+	// alloc is the allocation the search found: written only when
+	// allocate is set; else it is the plan the pre-write check judges.
 	alloc resourceapi.AllocationResult
+	// allocate is set on the domain claim only: the controller writes its
+	// channel's allocation (no one else allocates channels). A member's
+	// own claims are only annotated; the scheduler allocates them once the
+	// member is released onto its node.
+	allocate bool
 	// pods the claim is reserved for.
 	pods []*v1.Pod
 	// annotations to set besides the gang's.
@@ -44,7 +52,8 @@ type claimWrite struct {
 }
 
 // writes lists every claim write of a plan: the domain claim first, with
-// the placement's nodes and their addresses (for the nodes' IMEX daemons).
+// the placement's nodes and their addresses (for the nodes' IMEX daemons),
+// then each member's claims with its node.
 func writes(g *gangv1.Gang, v *view, p *plan, nodes map[string]*v1.Node) []claimWrite {
 	var out []claimWrite
 	if p.domainAlloc != nil {
@@ -52,13 +61,14 @@ func writes(g *gangv1.Gang, v *view, p *plan, nodes map[string]*v1.Node) []claim
 		for _, m := range p.members {
 			pods = append(pods, m.pod)
 		}
-		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, pods: pods,
+		out = append(out, claimWrite{claim: v.domainClaim, alloc: *p.domainAlloc, allocate: true, pods: pods,
 			annotations: map[string]string{gangv1.AnnotationNodes: gangv1.FormatNodes(placementNodes(p.nodes, nodes))}})
 	}
 	for i, m := range p.members {
 		for j, c := range m.claims {
-			out = append(out, claimWrite{claim: c, alloc: p.allocs[i][j], pods: []*v1.Pod{m.pod},
-				annotations: m.annotations()})
+			a := m.annotations()
+			a[gangv1.AnnotationNode] = p.nodes[i]
+			out = append(out, claimWrite{claim: c, alloc: p.allocs[i][j], pods: []*v1.Pod{m.pod}, annotations: a})
 		}
 	}
 	return out
@@ -111,15 +121,17 @@ func parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// writeClaim annotates the claim (gang, size, placement, rank), adds the
-// delete-protection finalizer, then writes its allocation and reservation as
-// the scheduler does. It returns the claim as written.
+// writeClaim annotates the claim (gang, size, placement, rank; a member's
+// node). For the domain claim (w.allocate) it then adds the delete-protection
+// finalizer and writes the channel's allocation, with the gang's binding
+// conditions, and its reservation for every member, as the scheduler would.
+// It returns the claim as written.
 func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang, id string, w claimWrite) (*resourceapi.ResourceClaim, error) {
 	claims := client.ResourceV1().ResourceClaims(w.claim.Namespace)
 	c := w.claim.DeepCopy()
 	var updated *resourceapi.ResourceClaim
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if c.Status.Allocation != nil {
+		if c.Status.Allocation != nil && w.allocate {
 			return fmt.Errorf("claim %s/%s was allocated by someone else meanwhile", c.Namespace, c.Name)
 		}
 		if c.Annotations == nil {
@@ -132,7 +144,7 @@ func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang
 		for k, val := range w.annotations {
 			c.Annotations[k] = val
 		}
-		if !slices.Contains(c.Finalizers, deleteProtection) {
+		if w.allocate && !slices.Contains(c.Finalizers, deleteProtection) {
 			c.Finalizers = append(c.Finalizers, deleteProtection)
 		}
 		var err error
@@ -147,8 +159,15 @@ func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang
 	if err != nil {
 		return nil, fmt.Errorf("annotate claim %s/%s: %w", w.claim.Namespace, w.claim.Name, err)
 	}
+	if !w.allocate {
+		return updated, nil
+	}
 	alloc := w.alloc.DeepCopy()
 	alloc.AllocationTimestamp = &metav1.Time{Time: time.Now()}
+	for i := range alloc.Devices.Results {
+		alloc.Devices.Results[i].BindingConditions = []string{domain.ConditionMembersAllocated}
+		alloc.Devices.Results[i].BindingFailureConditions = []string{domain.ConditionPlacementFailed}
+	}
 	updated.Status.Allocation = alloc
 	updated.Status.ReservedFor = nil
 	for _, p := range w.pods {
@@ -162,10 +181,14 @@ func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang
 }
 
 // clearClaim removes a claim's allocation and reservation, if it is still
-// the one of placement id (any placement when id is empty).
-func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id string) error {
+// the one of placement id (any placement when id is empty) and the
+// controller's own: an allocation of domain channels only. An allocation
+// the scheduler made (any other device) is never touched: clearing one is
+// for its pod's end and the resourceclaim controller.
+func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id string) (cleared bool, _ error) {
 	claims := client.ResourceV1().ResourceClaims(ns)
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cleared = false
 		c, err := claims.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -173,14 +196,28 @@ func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id s
 		if err != nil {
 			return err
 		}
-		if c.Status.Allocation == nil || (id != "" && c.Annotations[gangv1.AnnotationPlacement] != id) {
+		if c.Status.Allocation == nil || (id != "" && c.Annotations[gangv1.AnnotationPlacement] != id) || !channelsOnly(c.Status.Allocation) {
 			return nil
 		}
 		c.Status.Allocation = nil
 		c.Status.ReservedFor = nil
+		c.Status.Devices = nil
 		_, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		cleared = err == nil
 		return err
 	})
+	return cleared, err
+}
+
+// channelsOnly says whether every device of an allocation is a domain
+// channel: what only the controller allocates.
+func channelsOnly(a *resourceapi.AllocationResult) bool {
+	for _, r := range a.Devices.Results {
+		if !strings.HasPrefix(r.Pool, domain.PoolPrefix) {
+			return false
+		}
+	}
+	return len(a.Devices.Results) > 0
 }
 
 // conflicts re-reads every claim from the API server and checks that the
@@ -221,6 +258,9 @@ func misfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.N
 	for _, c := range claims {
 		if c.Status.Allocation == nil {
 			continue
+		}
+		if channelsOnly(c.Status.Allocation) {
+			c = domain.Tolerating(c) // as the controller allocated it
 		}
 		fits, err := cluster.Refit(ctx, allocationNode(c.Status.Allocation, nodes), c)
 		if err != nil {

@@ -77,6 +77,12 @@ const (
 	// written with the allocation: the kubelet plugin configures each
 	// node's IMEX daemon with exactly these addresses.
 	AnnotationNodes = Group + "/nodes"
+	// AnnotationNode, on a member's own claims, is the node the placement
+	// chose for the member: the controller pins the member there when it
+	// releases it, and the scheduler allocates the claims on it. A
+	// controller that resumes a committed placement after a crash releases
+	// the members still gated to these nodes.
+	AnnotationNode = Group + "/node"
 )
 
 // Node is one node of a placement: its name and the address (InternalIP)
