@@ -375,8 +375,9 @@ func (r *reconciler) syncReservationRules(ctx context.Context, g *gangv1.Gang, p
 }
 
 // deleteReservationRules deletes every rule of the gang the API server
-// has, for a gang about to go (its finalizer), when a rule the cache has
-// not seen yet would be left behind for good.
+// has: for a gang about to go (its finalizer), when a rule the cache has
+// not seen yet would be left behind for good, and for a gang placed, whose
+// members the scheduler could not allocate beside a rule left.
 func (r *reconciler) deleteReservationRules(ctx context.Context, g *gangv1.Gang) error {
 	if r.taintRules == nil {
 		return nil
@@ -430,4 +431,90 @@ func (r *reconciler) applyReservationRules(ctx context.Context, g *gangv1.Gang, 
 		}
 	}
 	return nil
+}
+
+// A reservation's hand-off to its gang. The scheduler allocates the
+// members' claims after their release, and a rule deleted at the release
+// would let pods waiting for the same devices be allocated first (the
+// scheduler's queue takes them by priority, then by when they last
+// failed). Members whose every request tolerates TaintReservationStarted
+// are allocated under it: the controller keeps the gang's rules, under that
+// key, from the release until the scheduler has allocated every member, and
+// nothing else can take the devices meanwhile. Members that do not tolerate
+// it have the rules deleted at the release (docs/gang.md, "Reservations").
+
+// handOff is called at the commit of gang g's placement of members in. It
+// keeps g's reservation in st, its rules switched to the started key, when
+// g holds one and every member tolerates that key; otherwise it deletes
+// every rule of g the API server has (one the informer has not delivered
+// yet included). It says whether the reservation is kept.
+func (r *reconciler) handOff(ctx context.Context, g *gangv1.Gang, in []*member, st *gangv1.GangStatus) (bool, error) {
+	if r.taintRules == nil {
+		return false, nil
+	}
+	list, err := r.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{gangv1.LabelReservation: string(g.UID)}).String()})
+	if err != nil {
+		return false, fmt.Errorf("list the reservation rules of gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	existing := make([]*resourceapi.DeviceTaintRule, len(list.Items))
+	pools := map[string]string{}
+	for i := range list.Items {
+		existing[i] = &list.Items[i]
+		if sel := list.Items[i].Spec.DeviceSelector; sel != nil && sel.Pool != nil {
+			pools[*sel.Pool] = *sel.Pool
+		}
+	}
+	keep := len(pools) > 0 && g.Status.Reservation != nil && membersTolerateStart(in)
+	if !keep {
+		pools = nil
+	}
+	if err := r.applyReservationRules(ctx, g, pools, true, existing); err != nil {
+		return false, err
+	}
+	if keep {
+		st.Reservation = g.Status.Reservation.DeepCopy()
+	}
+	return keep, nil
+}
+
+// handingOff keeps the reservation of a committed placement in st while
+// its members are handed the devices (see handOff): until every member's
+// claims are allocated, after which every rule of g is deleted.
+func (r *reconciler) handingOff(ctx context.Context, g *gangv1.Gang, in []*member, st *gangv1.GangStatus) error {
+	if g.Status.Reservation == nil {
+		return nil
+	}
+	if !allAllocated(in) && membersTolerateStart(in) {
+		st.Reservation = g.Status.Reservation.DeepCopy()
+		return nil
+	}
+	return r.deleteReservationRules(ctx, g)
+}
+
+// membersTolerateStart says whether every request of every own claim of
+// the members tolerates TaintReservationStarted (operator Exists, effect
+// NoSchedule or any): the scheduler can then allocate them under their
+// gang's started reservation.
+func membersTolerateStart(in []*member) bool {
+	tolerated := func(tols []resourceapi.DeviceToleration) bool {
+		return slices.ContainsFunc(tols, func(t resourceapi.DeviceToleration) bool {
+			return t.Key == gangv1.TaintReservationStarted && t.Operator == resourceapi.DeviceTolerationOpExists &&
+				(t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+		})
+	}
+	for _, m := range in {
+		for _, c := range m.claims {
+			for _, req := range c.Spec.Devices.Requests {
+				if req.Exactly != nil && !tolerated(req.Exactly.Tolerations) {
+					return false
+				}
+				for _, sub := range req.FirstAvailable {
+					if !tolerated(sub.Tolerations) {
+						return false
+					}
+				}
+			}
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -350,5 +351,44 @@ func TestExpectedEndCountsFromTheStart(t *testing.T) {
 	p.Spec.ActiveDeadlineSeconds = nil
 	if _, ok := expectedEnd(p, now); ok {
 		t.Error("an unparsable runtime declares an end")
+	}
+}
+
+// A reservation whose gang's members tolerate its started taint is handed
+// over: its rule stays from the release until the scheduler has allocated
+// every member (so nothing waiting for the same devices is allocated them
+// first), and goes then. Members that do not tolerate it have it removed at
+// the release (TestAReservationEvictsItsBackfillAtTheStartAndIsPlacedWhenFree).
+func TestAReservationIsHandedToMembersThatTolerateIt(t *testing.T) {
+	f := reservationCluster(t, -30*time.Second)
+	f.prioGang("big", 4, 1, 0, nil)
+	for i := range 4 {
+		c := f.claim("ml", fmt.Sprintf("big-%d-gpu", i))
+		c.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: gangv1.TaintReservationStarted, Operator: resourceapi.DeviceTolerationOpExists}}
+		if err := f.client.Tracker().Update(resourceapi.SchemeGroupVersion.WithResource("resourceclaims"), c, "ml"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := f.reconcileOK("big"); g.Status.Reservation == nil {
+		t.Fatal("not reserved")
+	}
+	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "short-b1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.freeClaimsOfGonePods()
+	g := f.reconcileOK("big")
+	if g.Annotations[gangv1.AnnotationCommitted] == "" || g.Status.Reservation == nil {
+		t.Fatalf("placed %q with reservation %+v; want it placed and still reserved for the hand-over", g.Annotations[gangv1.AnnotationCommitted], g.Status.Reservation)
+	}
+	if rules := f.taintRules(); len(rules) != 1 || rules[0].Spec.Taint.Key != gangv1.TaintReservationStarted {
+		t.Fatalf("rules at the release: %+v, want the started one kept", rules)
+	}
+	f.allocateReleased("big-0", "big-1", "big-2")
+	if g = f.reconcileOK("big"); g.Status.Reservation == nil || len(f.taintRules()) != 1 {
+		t.Fatalf("three of four members allocated: reservation %+v, rules %+v; want both kept", g.Status.Reservation, f.taintRules())
+	}
+	f.allocateReleased("big-3")
+	if g = f.reconcileOK("big"); g.Status.Reservation != nil || len(f.taintRules()) != 0 {
+		t.Fatalf("every member allocated: reservation %+v, rules %+v; want both gone", g.Status.Reservation, f.taintRules())
 	}
 }

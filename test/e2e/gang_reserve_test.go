@@ -36,7 +36,14 @@ func (e gangEnv) reservesAndBackfills(ctx context.Context, t *testing.T) {
 	backfill := gpuTemplate(ns, "one-gpu-backfill", 1)
 	backfill.Spec.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
 		Key: gangv1.TaintReserved, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2), gpuTemplate(ns, "three-gpus", 3), gpuTemplate(ns, "four-gpus", 4), backfill)
+	// The members tolerate their reservation once it has started: the
+	// controller hands it to them, keeping it until the scheduler has
+	// allocated them all, so the pods that keep arriving cannot be
+	// allocated the devices first.
+	member := gpuTemplate(ns, "two-gpus-member", 2)
+	member.Spec.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
+		Key: gangv1.TaintReservationStarted, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1), gpuTemplate(ns, "two-gpus", 2), gpuTemplate(ns, "three-gpus", 3), gpuTemplate(ns, "four-gpus", 4), backfill, member)
 	var blockers []*corev1.Pod
 	t.Cleanup(func() { c.deletePodsAndWait(context.WithoutCancel(ctx), t, blockers...) })
 	for _, tray := range []string{"tray-a1", "tray-a2", "tray-a3", "tray-a4"} {
@@ -50,7 +57,7 @@ func (e gangEnv) reservesAndBackfills(ctx context.Context, t *testing.T) {
 	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "big-domain"), metav1.CreateOptions{})))
 	t.Cleanup(func() { c.deleteGangAndMembers(context.WithoutCancel(ctx), t, gs, ns, "big") })
 	gs.create(ctx, t, labelGang(ns, "big", 2, "big-domain"))
-	c.createMembers(ctx, t, ns, "big", "two-gpus", "big-domain", 2)
+	c.createMembers(ctx, t, ns, "big", "two-gpus-member", "big-domain", 2)
 	var g *gangv1.Gang
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		g = gs.get(ctx, t, ns, "big")

@@ -64,14 +64,20 @@ func (s *GangStatus) DeepCopyInto(out *GangStatus) {
 		p.Victims = append([]string(nil), s.Preemption.Victims...)
 		out.Preemption = &p
 	}
-	if s.Reservation != nil {
-		r := *s.Reservation
-		s.Reservation.Start.DeepCopyInto(&r.Start)
-		s.Reservation.Since.DeepCopyInto(&r.Since)
-		r.Nodes = append([]string(nil), s.Reservation.Nodes...)
-		r.WaitingFor = append([]string(nil), s.Reservation.WaitingFor...)
-		out.Reservation = &r
+	out.Reservation = s.Reservation.DeepCopy()
+}
+
+// DeepCopy copies the reservation (nil for nil).
+func (r *Reservation) DeepCopy() *Reservation {
+	if r == nil {
+		return nil
 	}
+	out := *r
+	r.Start.DeepCopyInto(&out.Start)
+	r.Since.DeepCopyInto(&out.Since)
+	out.Nodes = append([]string(nil), r.Nodes...)
+	out.WaitingFor = append([]string(nil), r.WaitingFor...)
+	return &out
 }
 
 // DeepCopyInto copies l into out.
