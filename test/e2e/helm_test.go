@@ -89,6 +89,7 @@ func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
 		if rendersController(t, manifests) {
 			checkControllerLock(ctx, t, c, combo.Name, combo.Release.Namespace)
 			checkGangAnnotations(ctx, t, c, combo.Name, combo.Release.Namespace)
+			checkDomainChannels(ctx, t, c, combo.Name, combo.Release.Namespace)
 		}
 		a.deleteClusterScoped(ctx, t, combo.Name, created)
 	}

@@ -335,10 +335,11 @@ func componentPod(ctx context.Context, c *cluster.Cluster, ns, component, image 
 	return chartnode.OnlyReadyPod(ctx, c.Client(), ns, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component}, component+" pods", image, "")
 }
 
-// checkDomainPod runs a pod on node with a GPU and a claim for a channel of
-// the NVLink domain the controller published for the node's clique, and
-// checks from inside its container that it sees exactly that channel's
-// IMEX device node and the domain's environment.
+// checkDomainPod runs a one-member gang on node, its pod with a GPU and a
+// claim for a channel of the NVLink domain the controller published for the
+// node's clique (only the controller allocates channels), and checks from
+// inside its container that it sees exactly that channel's IMEX device node
+// and the domain's environment.
 func checkDomainPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps realNodeSteps, ns, node string) {
 	t.Helper()
 	step := "a pod with an NVLink domain claim sees its IMEX channel"
@@ -352,6 +353,10 @@ func checkDomainPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps 
 env | sed 's/^/ENV /'`), "gpu", "one-gpu")
 	pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, corev1.PodResourceClaim{Name: "domain", ResourceClaimName: ptr.To("domain")})
 	pod.Spec.Containers[0].Resources.Claims = append(pod.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: "domain"})
+	pod.Labels = map[string]string{"gang": "imex"}
+	pod.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: gangv1.SchedulingGate}}
+	gs := newGangs(t, c.Cluster)
+	gs.create(ctx, t, labelGang(ns, "imex", 1, "domain"))
 	pod, out := steps.run(ctx, c, step, pod)
 	claim, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, "domain", metav1.GetOptions{})
 	if err != nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
@@ -372,6 +377,7 @@ env | sed 's/^/ENV /'`), "gpu", "one-gpu")
 		steps.fail(step, "domain env %s=%q %s=%q, want %s and %d", gangv1.EnvDomain, got.env[gangv1.EnvDomain], gangv1.EnvChannel, got.env[gangv1.EnvChannel], cliqueA, channel)
 	}
 	c.deletePodsAndWait(ctx, t, pod)
+	gs.delete(ctx, t, ns, "imex")
 	if err := client.ResourceV1().ResourceClaims(ns).Delete(ctx, "domain", metav1.DeleteOptions{}); err != nil {
 		steps.fail(step, "delete the domain claim: %v", err)
 	}

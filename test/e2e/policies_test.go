@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/driver/daemonpod"
+	gangdomain "github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/imex"
 	"github.com/tessera-dev/tessera/driver/mps"
 	"github.com/tessera-dev/tessera/driver/plugin"
@@ -536,20 +537,83 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	annotated := claim.DeepCopy()
 	// A member of a gang with roles carries its role too.
 	annotated.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationSize: "1", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0",
-		gangv1.AnnotationRole: "workers", gangv1.AnnotationRoleRank: "0", gangv1.AnnotationRoleSize: "1"}
+		gangv1.AnnotationRole: "workers", gangv1.AnnotationRoleRank: "0", gangv1.AnnotationRoleSize: "1", gangv1.AnnotationNode: "node-a"}
 	annotated.Finalizers = append(annotated.Finalizers, "resource.kubernetes.io/delete-protection")
 	if annotated, err = claims.Update(ctx, annotated, metav1.UpdateOptions{}); err != nil {
 		t.Errorf("%s: the controller cannot annotate a claim with its gang as controller/gang does: %v", combo, err)
 		return
 	}
-	allocated, err := claims.UpdateStatus(ctx, allocate(annotated), metav1.UpdateOptions{})
+	// A member's own claim is the scheduler's to allocate, even annotated.
+	_, err = claims.UpdateStatus(ctx, allocate(annotated), metav1.UpdateOptions{})
+	expectRefusal(t, combo+": the controller allocates a GPU to its gang's member", err, "may only write the allocation of a domain claim")
+	// A domain channel, with its binding conditions, then their status
+	// (the synthetic resourceclaims/driver right), then cleared.
+	channel := allocate(annotated)
+	channel.Status.Allocation.Devices.Results[0].Pool = "domains/nvlink/clique-a"
+	channel.Status.Allocation.Devices.Results[0].Device = "channel-0"
+	channel.Status.Allocation.Devices.Results[0].BindingConditions = []string{gangdomain.ConditionMembersAllocated}
+	channel.Status.Allocation.Devices.Results[0].BindingFailureConditions = []string{gangdomain.ConditionPlacementFailed}
+	allocated, err := claims.UpdateStatus(ctx, channel, metav1.UpdateOptions{})
 	if err != nil {
-		t.Errorf("%s: the controller cannot allocate its gang's claim: %v", combo, err)
+		t.Errorf("%s: the controller cannot allocate its gang's domain channel: %v", combo, err)
+		return
+	}
+	allocated.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: driverName, Pool: "domains/nvlink/clique-a", Device: "channel-0",
+		Conditions: []metav1.Condition{{Type: gangdomain.ConditionMembersAllocated, Status: metav1.ConditionTrue, Reason: "MembersAllocated", LastTransitionTime: metav1.Now()}}}}
+	if allocated, err = claims.UpdateStatus(ctx, allocated, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot let its gang's members bind: %v", combo, err)
 		return
 	}
 	allocated.Status.Allocation = nil
+	allocated.Status.Devices = nil
 	if _, err := claims.UpdateStatus(ctx, allocated, metav1.UpdateOptions{}); err != nil {
-		t.Errorf("%s: the controller cannot clear its gang's claim: %v", combo, err)
+		t.Errorf("%s: the controller cannot clear its gang's domain claim: %v", combo, err)
+	}
+}
+
+// checkDomainChannels holds the tessera-domain-channels policy: no claim
+// or claim template, whoever writes it (a cluster administrator here),
+// tolerates the taint that keeps the scheduler from allocating domain
+// channels, by its key or by a toleration without a key; other
+// tolerations pass.
+func checkDomainChannels(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
+	t.Helper()
+	admin := c.Client()
+	request := func(tol resourceapi.DeviceToleration) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driverName, Tolerations: []resourceapi.DeviceToleration{tol}}}
+	}
+	claimWith := func(name string, r resourceapi.DeviceRequest) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{r}}}}
+	}
+	fenced := resourceapi.DeviceToleration{Key: gangdomain.TaintKey, Operator: resourceapi.DeviceTolerationOpExists}
+	everything := resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpExists}
+	claims := admin.ResourceV1().ResourceClaims(namespace)
+	err := refusedOnceLoaded(ctx, func(i int) error {
+		_, err := claims.Create(ctx, claimWith(fmt.Sprintf("fenced-%d", i), request(fenced)), metav1.CreateOptions{})
+		return err
+	}, func(i int) { _ = claims.Delete(ctx, fmt.Sprintf("fenced-%d", i), metav1.DeleteOptions{}) })
+	if !expectRefusal(t, combo+": a claim tolerates the domain channels' taint", err, "only tessera-controller allocates") {
+		return
+	}
+	_, err = claims.Create(ctx, claimWith("everything", request(everything)), metav1.CreateOptions{})
+	expectRefusal(t, combo+": a claim tolerates every taint", err, "only tessera-controller allocates")
+	sub := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "big", DeviceClassName: driverName},
+		{Name: "channel", DeviceClassName: driverName, Tolerations: []resourceapi.DeviceToleration{fenced}},
+	}}
+	_, err = claims.Create(ctx, claimWith("subrequest", sub), metav1.CreateOptions{})
+	expectRefusal(t, combo+": a claim's subrequest tolerates the taint", err, "only tessera-controller allocates")
+	_, err = admin.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "fenced", Namespace: namespace},
+		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: claimWith("", request(fenced)).Spec},
+	}, metav1.CreateOptions{})
+	expectRefusal(t, combo+": a claim template tolerates the taint", err, "only tessera-controller allocates")
+	backfill := resourceapi.DeviceToleration{Key: gangv1.TaintReserved, Operator: resourceapi.DeviceTolerationOpExists}
+	if _, err := claims.Create(ctx, claimWith("backfill", request(backfill)), metav1.CreateOptions{}); err != nil {
+		t.Errorf("%s: a claim tolerating a reservation (backfill) is refused: %v", combo, err)
+	} else {
+		_ = claims.Delete(ctx, "backfill", metav1.DeleteOptions{})
 	}
 }
 
