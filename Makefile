@@ -5,6 +5,7 @@
 #   make lint    gofmt, go vet, staticcheck
 #   make build   the binaries into _output/bin
 #   make manifests  deployments/manifests/tessera.yaml from the Helm chart
+#   make churn   the gang-against-small-pods race for CHURN_TRIALS trials
 
 SHELL := /usr/bin/env bash
 GO ?= go
@@ -27,7 +28,7 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook tessera-cdi-hook tessera-fake-imex
 
-.PHONY: all build test oracle hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image image-oci
+.PHONY: all build test oracle churn hardware-compare unit lint fmt vet staticcheck demo fuzz bench clean manifests chart-lint image image-oci
 
 all: build
 
@@ -123,6 +124,16 @@ bench: cluster-bins
 	-TESSERA_E2E_NO_BUILD=1 $(GO) test -json -run '^$$' -bench 'BenchmarkGangScheduling' -benchtime 1x -timeout 30m ./test/e2e/ > $(BENCH_OUT)/gangsim.json
 	-TESSERA_E2E_NO_BUILD=1 TESSERA_SCHED_PROFILE=$(abspath $(SCHED_PROFILE)) $(GO) test -json -run '^$$' -bench 'BenchmarkSchedulerThroughput/$(SCHED_BENCH)' -benchtime 1x -timeout 60m ./test/e2e/ > $(BENCH_OUT)/sched.json
 	$(GO) run ./test/cmd/benchreport -o $(OUTPUT)/bench.json $(BENCH_OUT)/allocator.json $(BENCH_OUT)/plugin.json $(BENCH_OUT)/gang.json $(BENCH_OUT)/gangsim.json $(BENCH_OUT)/sched.json
+
+# churn races a gang against a stream of small whole-GPU and 1g pods on one
+# clique for CHURN_TRIALS trials, killing the controller at a placement step
+# in turn (TestGangPlacement/AStreamOfSmallPods...; about a minute each, plus
+# the cluster's start). Every trial fails on any device allocated to two
+# claims at any instant. CI runs one trial within make test.
+CHURN_TRIALS ?= 30
+churn: cluster-bins
+	set -o pipefail; TESSERA_CHURN_TRIALS=$(CHURN_TRIALS) $(GO) test -count=1 -timeout 0 -v -run 'TestGangPlacement/AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice' ./test/e2e/ 2>&1 | \
+		grep -E '^\s*(---|===|ok|FAIL|PASS)|gang_stream_test|racewatch_test'
 
 lint: fmt vet staticcheck
 

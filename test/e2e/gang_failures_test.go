@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,132 +59,146 @@ func (e gangEnv) restartController(t *testing.T, interrupt func(string) bool) *r
 	return *e.ctl
 }
 
-// deviceTakenBeforeTheCommit: another workload's claim gets one of the
-// devices the controller has just written for the gang, before its
-// re-check (what the scheduler binding a pod meanwhile does). The gang is
-// rolled back and placed again without that device.
-func (e gangEnv) deviceTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
-	e.takenBeforeTheCommit(ctx, t, "race", func(device string) string { return device })
-}
-
-// partitionTakenBeforeTheCommit: as deviceTakenBeforeTheCommit, but the
-// rival takes a MIG partition of a GPU the controller has just written
-// whole for a member: no device ID is shared, the GPU's counters are, and
-// the re-check must see it as the allocator would. The GPU is one whose
-// partitions its node publishes (lazy publishing keeps the others' back):
-// the scheduler could allocate no other.
-func (e gangEnv) partitionTakenBeforeTheCommit(ctx context.Context, t *testing.T) {
-	e.takenBeforeTheCommit(ctx, t, "race-mig", func(device string) string { return device + "-mig-1g23gb-6" })
-}
-
-// takenBeforeTheCommit gives the rival rivalDevice(d) of the first member
-// device d the controller wrote, at its commit step.
-func (e gangEnv) takenBeforeTheCommit(ctx context.Context, t *testing.T, ns string, rivalDevice func(string) string) {
+// deviceTakenBeforeTheRelease: between the placement and the release of
+// the gates, the scheduler gives another pod a GPU of the tray the members
+// were placed on, which they filled. The scheduler allocates three members
+// there and cannot allocate the fourth; the three wait to bind (the domain
+// claim's binding conditions), so no member of that placement ever binds or
+// starts. After the grace the controller fails their binding and evicts
+// them, the Job recreates them, and the gang runs as a new placement without
+// the rival's GPU. No device is allocated to two claims at any instant: the
+// scheduler made every GPU allocation, the controller only the channel.
+func (e gangEnv) deviceTakenBeforeTheRelease(ctx context.Context, t *testing.T) {
+	const ns = "race"
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
-	// The rival: a pod held back by a gate of its own, whose claim the test
-	// allocates itself, as the scheduler would.
+	// The rival: a one-GPU pod held back by a gate of its own, pinned to the
+	// members' tray and released at the release step.
 	rival := newGPUPod(ns, "rival", gpuFrom("one-gpu"))
 	rival.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
 	noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, rival, metav1.CreateOptions{})))
-	var rivalClaim string
-	waitFor(ctx, t, "the rival's claim", func() bool {
-		p, err := client.CoreV1().Pods(ns).Get(ctx, "rival", metav1.GetOptions{})
-		if err == nil && len(p.Status.ResourceClaimStatuses) == 1 && p.Status.ResourceClaimStatuses[0].ResourceClaimName != nil {
-			rivalClaim, rival = *p.Status.ResourceClaimStatuses[0].ResourceClaimName, p
-		}
-		return rivalClaim != ""
-	})
 	t.Cleanup(func() { e.c.deletePodsAndWait(context.WithoutCancel(ctx), t, rival) })
 
-	var raced atomic.Bool
-	var taken atomic.Pointer[resourceapi.DeviceRequestAllocationResult]
+	var firstPlacement, takenOn atomic.Pointer[string]
 	take := func() error {
 		list, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
-		sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		published := map[string]bool{}
-		for _, s := range sl.Items {
-			for _, d := range s.Spec.Devices {
-				published[s.Spec.Pool.Name+"/"+d.Name] = true
-			}
-		}
 		for _, mc := range list.Items {
-			if mc.Annotations[gangv1.AnnotationRank] == "" || mc.Status.Allocation == nil {
+			node := mc.Annotations[gangv1.AnnotationNode]
+			if mc.Annotations[gangv1.AnnotationRank] != "0" || node == "" {
 				continue
 			}
-			r := mc.Status.Allocation.Devices.Results[0]
-			if !published[r.Pool+"/"+rivalDevice(r.Device)] {
-				continue
-			}
-			rc, err := client.ResourceV1().ResourceClaims(ns).Get(ctx, rivalClaim, metav1.GetOptions{})
+			p, err := client.CoreV1().Pods(ns).Get(ctx, rival.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			rc.Status.Allocation = &resourceapi.AllocationResult{
-				Devices:      resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpus", Driver: r.Driver, Pool: r.Pool, Device: rivalDevice(r.Device)}}},
-				NodeSelector: mc.Status.Allocation.NodeSelector,
-			}
-			rc.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: rival.Name, UID: rival.UID}}
-			if _, err := client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, rc, metav1.UpdateOptions{}); err != nil {
+			p.Spec.SchedulingGates = nil
+			p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}},
+			}}}
+			if _, err := client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 				return err
 			}
-			taken.Store(&r)
+			err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				p, err := client.CoreV1().Pods(ns).Get(ctx, rival.Name, metav1.GetOptions{})
+				return err == nil && p.Spec.NodeName == node, nil
+			})
+			if err != nil {
+				return fmt.Errorf("the scheduler did not bind the rival to %s: %w", node, err)
+			}
+			firstPlacement.Store(ptr.To(mc.Annotations[gangv1.AnnotationPlacement]))
+			takenOn.Store(ptr.To(node))
 			return nil
 		}
-		return fmt.Errorf("no member claim written with a device whose rival device is published")
+		return fmt.Errorf("no claim of rank 0 written with its node")
 	}
+	// Every member pod that was ever bound, and its placement.
+	var mu sync.Mutex
+	bound := map[string]string{}
+	w, err := client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+	noErr(t, err)
+	defer w.Stop()
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+				mu.Lock()
+				bound[p.Name] = p.Annotations[gangv1.AnnotationPlacement]
+				mu.Unlock()
+			}
+		}
+	}()
+	var done atomic.Bool
 	var takeErr atomic.Value
-	ctl := e.restartController(t, func(step string) bool {
-		if step == gang.StepCommit && !raced.Swap(true) {
+	e.restartController(t, func(step string) bool {
+		if step == gang.StepRelease && !done.Swap(true) {
 			if err := take(); err != nil {
 				takeErr.Store(err)
 			}
 		}
 		return false
 	})
-	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
-	e.gs.create(ctx, t, labelGang(ns, "g", 4, "g-domain"))
-	e.c.createMembers(ctx, t, ns, "g", "one-gpu", "g-domain", 4)
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
 
-	pods := e.c.waitAllRunning(ctx, t, ns, "gang=g", 4, 3*time.Minute)
+	var pods []corev1.Pod
+	eventually(ctx, t, 3*time.Minute, "the gang running whole as a second placement", func() bool {
+		if takeErr.Load() != nil || firstPlacement.Load() == nil {
+			return takeErr.Load() != nil
+		}
+		list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=train"})
+		if err != nil {
+			return false
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Annotations[gangv1.AnnotationPlacement] != *firstPlacement.Load() {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == 4
+	})
 	if err, _ := takeErr.Load().(error); err != nil {
-		t.Fatalf("taking a device for the rival: %v", err)
+		t.Fatalf("releasing the rival onto the members' tray: %v", err)
 	}
-	r := taken.Load()
-	if r == nil {
-		t.Fatal("the hook never ran at the commit step")
+	first, node := *firstPlacement.Load(), *takenOn.Load()
+	mu.Lock()
+	for pod, placement := range bound {
+		if placement == first {
+			t.Errorf("member %s of the placement that could not be completed was bound: the members must bind together or not at all", pod)
+		}
 	}
-	if !e.c.hasEvent(ctx, ns, "g", gangv1.ReasonRolledBack) {
-		t.Errorf("no %s event on the gang; events:\n%s", gangv1.ReasonRolledBack, e.c.events(ctx, ns))
+	mu.Unlock()
+	if !e.c.hasEvent(ctx, ns, "train", gangv1.ReasonMemberLost) || !strings.Contains(e.c.events(ctx, ns), "cannot be scheduled on the node it was placed on") {
+		t.Errorf("no %s event naming the unschedulable member; events:\n%s", gangv1.ReasonMemberLost, e.c.events(ctx, ns))
 	}
-	if n := ctl.counter(t, `tessera_gang_placement_attempts_total{result="rolledback"}`); n != 1 {
-		t.Errorf("controller metrics: %v rolled-back attempts, want 1", n)
+	rp, err := client.CoreV1().Pods(ns).Get(ctx, rival.Name, metav1.GetOptions{})
+	noErr(t, err)
+	rc := e.c.claimOf(ctx, t, rp, "gpu")
+	if rc.Status.Allocation == nil {
+		t.Fatal("the rival lost its GPU")
 	}
-	held := map[string]string{}
+	r := rc.Status.Allocation.Devices.Results[0]
+	held := map[string]string{rc.Name: r.Pool + "/" + r.Device}
+	seen := map[string]string{r.Pool + "/" + r.Device: rc.Name}
 	for i := range pods {
 		for _, res := range e.c.claimOf(ctx, t, &pods[i], "gpu").Status.Allocation.Devices.Results {
 			key := res.Pool + "/" + res.Device
-			if other, dup := held[key]; dup {
-				t.Errorf("device %s held by members %s and %s", key, other, pods[i].Name)
+			if other, dup := seen[key]; dup {
+				t.Errorf("device %s held by %s and member %s", key, other, pods[i].Name)
 			}
-			held[key] = pods[i].Name
+			seen[key] = pods[i].Name
+			held[pods[i].Name] = key
 		}
 	}
-	if m, ok := held[r.Pool+"/"+r.Device]; ok {
-		t.Errorf("member %s holds %s/%s, which the rival took before the commit", m, r.Pool, r.Device)
-	}
-	rc := getClaim(ctx, t, e.c, ns, rivalClaim)
-	if rc.Status.Allocation == nil || rc.Status.Allocation.Devices.Results[0].Device != rivalDevice(r.Device) {
-		t.Errorf("the rival lost %s/%s: %+v", r.Pool, rivalDevice(r.Device), rc.Status.Allocation)
-	}
-	t.Logf("rival took %s/%s before the commit; the gang was rolled back and placed on %v", r.Pool, rivalDevice(r.Device), held)
-	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "g")
+	t.Logf("the rival took %s/%s on %s after placement %s; no member of it bound; the gang runs again on %v", r.Pool, r.Device, node, first, held)
+	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "train")
 	e.restartController(t, nil)
 }
 
@@ -284,10 +298,10 @@ func (e gangEnv) memberUnschedulable(ctx context.Context, t *testing.T) {
 			return err
 		}
 		for _, mc := range list.Items {
-			if mc.Annotations[gangv1.AnnotationRank] != "0" || mc.Status.Allocation == nil || mc.Status.Allocation.NodeSelector == nil {
+			if mc.Annotations[gangv1.AnnotationRank] != "0" || mc.Annotations[gangv1.AnnotationNode] == "" {
 				continue
 			}
-			node := mc.Status.Allocation.NodeSelector.NodeSelectorTerms[0].MatchFields[0].Values[0]
+			node := mc.Annotations[gangv1.AnnotationNode]
 			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -399,15 +413,7 @@ func (e gangEnv) gangDeleted(ctx context.Context, t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the controller was not interrupted")
 	}
-	allocated := 0
-	for _, p := range e.c.gangPods(ctx, t, ns, "cut") {
-		if a := getClaim(ctx, t, e.c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName).Status.Allocation; a != nil {
-			allocated++
-		}
-	}
-	if allocated == 0 {
-		t.Fatal("nothing allocated at the interruption: the test does not exercise a cut placement")
-	}
+	allocated := e.c.cutPlacementWrote(ctx, t, ns, "cut", "cut-domain")
 	err := e.gs.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns).Delete(ctx, "cut", metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)

@@ -24,9 +24,13 @@ import (
 // device to another claim too, and a placement cut short whose gang's
 // selector changed before the controller came back.
 
-// doubleAllocation is refusedAtPrepare's race, forced: a gated small pod
-// whose claim the test gives member 0's device at the release step, letting
-// the small pod start before the members are released.
+// doubleAllocation is refusedAtPrepare's double allocation, forced: a gated
+// small pod whose claim the test gives member 0's device once the scheduler
+// has allocated it (at the bind step: the members wait to bind), letting the
+// small pod start before the members bind. Tessera never allocates a device
+// twice; the test plays a foreign allocator that does (another controller
+// writing allocations beside the scheduler), to hold the repairs that keep a
+// gang whole even then.
 type doubleAllocation struct {
 	small      *corev1.Pod
 	smallClaim string
@@ -56,7 +60,7 @@ func (e gangEnv) raceForMemberZero(ctx context.Context, t *testing.T, ns string)
 	})
 	t.Cleanup(func() { e.c.deletePodsAndWait(context.WithoutCancel(ctx), t, small) })
 
-	// take gives the small claim member 0's device, as the scheduler would,
+	// take gives the small claim member 0's device, as a foreign allocator would,
 	// and waits until the small pod runs on it: its prepare comes first.
 	// first is written by the controller's goroutine (the hook) and read
 	// by the test's.
@@ -115,7 +119,7 @@ func (e gangEnv) raceForMemberZero(ctx context.Context, t *testing.T, ns string)
 	var done atomic.Bool
 	var takeErr atomic.Value
 	e.restartController(t, func(step string) bool {
-		if step == gang.StepRelease && !done.Swap(true) {
+		if step == gang.StepBind && !done.Swap(true) {
 			if err := take(); err != nil {
 				takeErr.Store(err)
 			}
@@ -133,11 +137,10 @@ func (e gangEnv) raceForMemberZero(ctx context.Context, t *testing.T, ns string)
 	return &doubleAllocation{small: small, smallClaim: smallClaim, first: first, taken: &taken, takeErr: &takeErr, began: began}
 }
 
-// refusedAtPrepare: the scheduler allocates a device to a small pod's claim
-// in the same moment the controller writes it to a member's claim, after
-// the re-check. Forced here: at the release step the test writes the small
-// claim's allocation onto member 0's device and lets the small pod start,
-// then the members are released. Member 0 is bound but the plugin refuses
+// refusedAtPrepare: a foreign allocator gives a small pod's claim the
+// device the scheduler allocated to member 0. Forced here: at the bind step
+// the test writes the small claim's allocation onto member 0's device and
+// lets the small pod start, then the members bind. Member 0 is bound but the plugin refuses
 // its prepare; after the grace the gang is evicted and placed again without
 // that device, and no device is left allocated twice.
 func (e gangEnv) refusedAtPrepare(ctx context.Context, t *testing.T) {
@@ -332,15 +335,7 @@ func (e gangEnv) selectorChangedMidPlacement(ctx context.Context, t *testing.T) 
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the controller was not interrupted")
 	}
-	allocated := 0
-	for _, p := range e.c.gangPods(ctx, t, ns, "g") {
-		if a := getClaim(ctx, t, e.c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName).Status.Allocation; a != nil {
-			allocated++
-		}
-	}
-	if allocated == 0 {
-		t.Fatal("nothing allocated at the interruption: the test does not exercise a cut placement")
-	}
+	allocated := e.c.cutPlacementWrote(ctx, t, ns, "g", "g-domain")
 	gangs := e.gs.dyn.Resource(gangv1.GroupVersionResource).Namespace(ns)
 	u, err := gangs.Get(ctx, "g", metav1.GetOptions{})
 	noErr(t, err)
@@ -376,6 +371,6 @@ func (e gangEnv) selectorChangedMidPlacement(ctx context.Context, t *testing.T) 
 	if _, ok := e.gs.get(ctx, t, ns, "g").Annotations[gangv1.AnnotationUncommitted]; ok {
 		t.Errorf("the gang still records the rolled-back placement")
 	}
-	t.Logf("%d member claims written before the crash; freed %v after the controller came back, the selector no longer picking their pods", allocated, time.Since(began).Round(100*time.Millisecond))
+	t.Logf("%d claims written before the crash; the domain claim freed %v after the controller came back, the selector no longer picking their pods", allocated, time.Since(began).Round(100*time.Millisecond))
 	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "g")
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -232,7 +233,7 @@ func TestGangPlacement(t *testing.T) {
 		if err := ctl.stop(); err != nil {
 			t.Fatalf("stop the controller: %v", err)
 		}
-		kubeconfig := kubeconfig
+		defer func() { ctl = startController(parent, kubeconfig, "", nil) }()
 		for _, tc := range []struct {
 			name, step string
 			after      int32 // interrupt at the after-th time step is reached
@@ -240,68 +241,87 @@ func TestGangPlacement(t *testing.T) {
 			{"crash", gang.StepClaimWritten, 3},
 			{"commit", gang.StepRelease, 1},
 		} {
-			ns := "kill-" + tc.name
-			c.newNamespace(ctx, t, ns)
-			c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
-			noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
-			t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
-			var reached atomic.Int32
-			dying := startController(t, kubeconfig, "", func(step string) bool {
-				return step == tc.step && reached.Add(1) == tc.after
+			t.Run(tc.name, func(t *testing.T) {
+				ns := "kill-" + tc.name
+				c.newNamespace(ctx, t, ns)
+				c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
+				noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
+				t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
+				var reached atomic.Int32
+				dying := startController(t, kubeconfig, "", func(step string) bool {
+					return step == tc.step && reached.Add(1) == tc.after
+				})
+				gs.create(ctx, t, labelGang(ns, "g", 8, "g-domain"))
+				c.createMembers(ctx, t, ns, "g", "one-gpu", "g-domain", 8)
+				select {
+				case <-dying.done:
+				case <-time.After(2 * time.Minute):
+					t.Fatalf("the controller was not interrupted at %s", tc.step)
+				}
+				// What the crash left: claims written for the placement
+				// (the domain claim's channel allocated, the members'
+				// claims annotated with their nodes), no member's claim
+				// allocated (only the scheduler allocates those, after
+				// the release), every member gated.
+				g := gs.get(ctx, t, ns, "g")
+				committed := g.Annotations[gangv1.AnnotationCommitted]
+				id := committed
+				if rec, ok := g.Annotations[gangv1.AnnotationUncommitted]; ok {
+					var r gangv1.UncommittedPlacement
+					noErr(t, json.Unmarshal([]byte(rec), &r))
+					id = r.Placement
+				}
+				written := 0
+				for _, p := range c.gangPods(ctx, t, ns, "g") {
+					if len(p.Spec.SchedulingGates) == 0 || p.Spec.NodeName != "" {
+						t.Errorf("member %s released before the crash", p.Name)
+					}
+					mc := getClaim(ctx, t, c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName)
+					if mc.Status.Allocation != nil {
+						t.Errorf("member %s's claim allocated before its release: only the scheduler allocates it", p.Name)
+					}
+					if id != "" && mc.Annotations[gangv1.AnnotationPlacement] == id {
+						written++
+					}
+				}
+				if dc := getClaim(ctx, t, c, ns, "g-domain"); dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationPlacement] == id {
+					written++
+				}
+				t.Logf("interrupted at %s with %d claims written for placement %q, committed %q", tc.step, written, id, committed)
+				if written < int(tc.after) {
+					t.Fatalf("%d claims written at the interruption: the test does not exercise a half placement", written)
+				}
+				if (committed != "") != (tc.step == gang.StepRelease) {
+					t.Errorf("committed placement %q at step %s", committed, tc.step)
+				}
+				ctl = startController(t, kubeconfig, "", nil)
+				pods := c.waitAllRunning(ctx, t, ns, "gang=g", 8, 3*time.Minute)
+				g = gs.waitCondition(ctx, t, ns, "g", gangv1.ConditionPlaced, metav1.ConditionTrue, time.Minute)
+				final := g.Annotations[gangv1.AnnotationCommitted]
+				if tc.step == gang.StepRelease && final != committed {
+					t.Errorf("a committed placement %s was placed again as %s instead of resumed", committed, final)
+				}
+				// Every claim of the gang belongs to the final placement,
+				// and each member runs where that placement put it.
+				for i := range pods {
+					claim := c.claimOf(ctx, t, &pods[i], "gpu")
+					if claim.Annotations[gangv1.AnnotationPlacement] != final || pods[i].Annotations[gangv1.AnnotationPlacement] != final || claim.Annotations[gangv1.AnnotationNode] != pods[i].Spec.NodeName {
+						t.Errorf("member %s on %s runs with claim of placement %q for node %q (pod says %q), want %q", pods[i].Name, pods[i].Spec.NodeName, claim.Annotations[gangv1.AnnotationPlacement], claim.Annotations[gangv1.AnnotationNode], pods[i].Annotations[gangv1.AnnotationPlacement], final)
+					}
+				}
+				if dc := getClaim(ctx, t, c, ns, "g-domain"); dc.Annotations[gangv1.AnnotationPlacement] != final || len(dc.Status.ReservedFor) != 8 {
+					t.Errorf("domain claim of placement %q reserved for %d pods, want %q and 8", dc.Annotations[gangv1.AnnotationPlacement], len(dc.Status.ReservedFor), final)
+				}
+				c.deleteGangAndMembers(ctx, t, gs, ns, "g") // the controller removes its finalizer
+				if err := ctl.stop(); err != nil {
+					t.Fatal(err)
+				}
 			})
-			gs.create(ctx, t, labelGang(ns, "g", 8, "g-domain"))
-			c.createMembers(ctx, t, ns, "g", "one-gpu", "g-domain", 8)
-			select {
-			case <-dying.done:
-			case <-time.After(2 * time.Minute):
-				t.Fatalf("%s: the controller was not interrupted at %s", tc.name, tc.step)
-			}
-			// What the crash left: claims allocated, every member gated.
-			allocated := 0
-			for _, p := range c.gangPods(ctx, t, ns, "g") {
-				if len(p.Spec.SchedulingGates) == 0 || p.Spec.NodeName != "" {
-					t.Errorf("%s: member %s released before the crash", tc.name, p.Name)
-				}
-				if a := getClaim(ctx, t, c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName).Status.Allocation; a != nil {
-					allocated++
-				}
-			}
-			committed := gs.get(ctx, t, ns, "g").Annotations[gangv1.AnnotationCommitted]
-			t.Logf("%s: interrupted at %s with %d of 8 member claims allocated, committed placement %q", tc.name, tc.step, allocated, committed)
-			if allocated == 0 {
-				t.Fatalf("%s: nothing allocated at the interruption: the test does not exercise a half placement", tc.name)
-			}
-			if (committed != "") != (tc.step == gang.StepRelease) {
-				t.Errorf("%s: committed placement %q at step %s", tc.name, committed, tc.step)
-			}
-			ctl = startController(t, kubeconfig, "", nil)
-			pods := c.waitAllRunning(ctx, t, ns, "gang=g", 8, 3*time.Minute)
-			g := gs.waitCondition(ctx, t, ns, "g", gangv1.ConditionPlaced, metav1.ConditionTrue, time.Minute)
-			final := g.Annotations[gangv1.AnnotationCommitted]
-			if tc.step == gang.StepRelease && final != committed {
-				t.Errorf("%s: a committed placement %s was placed again as %s instead of resumed", tc.name, committed, final)
-			}
-			// Every claim of the gang belongs to the final placement.
-			for i := range pods {
-				claim := c.claimOf(ctx, t, &pods[i], "gpu")
-				if claim.Annotations[gangv1.AnnotationPlacement] != final || pods[i].Annotations[gangv1.AnnotationPlacement] != final {
-					t.Errorf("%s: member %s runs with claim of placement %q (pod says %q), want %q", tc.name, pods[i].Name, claim.Annotations[gangv1.AnnotationPlacement], pods[i].Annotations[gangv1.AnnotationPlacement], final)
-				}
-			}
-			if dc := getClaim(ctx, t, c, ns, "g-domain"); dc.Annotations[gangv1.AnnotationPlacement] != final || len(dc.Status.ReservedFor) != 8 {
-				t.Errorf("%s: domain claim of placement %q reserved for %d pods, want %q and 8", tc.name, dc.Annotations[gangv1.AnnotationPlacement], len(dc.Status.ReservedFor), final)
-			}
-			c.deleteGangAndMembers(ctx, t, gs, ns, "g") // the controller removes its finalizer
-			if err := ctl.stop(); err != nil {
-				t.Fatal(err)
-			}
 		}
-		ctl = startController(parent, kubeconfig, "", nil)
 	})
 
 	e := gangEnv{parent: parent, c: c, gs: gs, kubeconfig: kubeconfig, ctl: &ctl}
-	t.Run("ADeviceTakenBeforeTheCommitRollsTheGangBackAndItIsPlacedWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheCommit(ctx, t) })
-	t.Run("APartitionOfAMembersGPUTakenBeforeTheCommitRollsTheGangBack", func(t *testing.T) { e.partitionTakenBeforeTheCommit(ctx, t) })
+	t.Run("AGPUTakenBeforeTheReleaseKeepsEveryMemberFromBindingAndTheGangIsPlacedAgainWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheRelease(ctx, t) })
 	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
 	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
 	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })

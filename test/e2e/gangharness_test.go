@@ -385,3 +385,53 @@ func (c *tesseraCluster) checkHeldNothing(ctx context.Context, t testing.TB, ns 
 		}
 	}
 }
+
+// cutPlacementWrote checks what a placement cut at its second claim write
+// left of gang ns/name: its domain claim's channel allocated (written
+// first, alone), no member's claim allocated (only the scheduler allocates
+// those, after the release) and every member gated. It returns how many
+// claims carry the cut placement's ID.
+func (c *tesseraCluster) cutPlacementWrote(ctx context.Context, t *testing.T, ns, name, domainClaim string) int {
+	t.Helper()
+	dc := getClaim(ctx, t, c, ns, domainClaim)
+	id := dc.Annotations[gangv1.AnnotationPlacement]
+	if dc.Status.Allocation == nil || id == "" {
+		t.Fatalf("domain claim %s not allocated at the interruption: the test does not exercise a cut placement", domainClaim)
+	}
+	written := 1
+	for _, p := range c.gangPods(ctx, t, ns, name) {
+		if len(p.Spec.SchedulingGates) == 0 {
+			t.Errorf("member %s released by a placement cut before its commit", p.Name)
+		}
+		mc := getClaim(ctx, t, c, ns, *p.Status.ResourceClaimStatuses[0].ResourceClaimName)
+		if mc.Status.Allocation != nil {
+			t.Errorf("member %s's claim is allocated while the member is gated: only the scheduler allocates it", p.Name)
+		}
+		if mc.Annotations[gangv1.AnnotationPlacement] == id {
+			written++
+		}
+	}
+	return written
+}
+
+// refusedForAHeldDevice lists the pods of ns whose prepare the kubelet
+// plugin refused because another claim held their device (its messages in
+// driver/prepare): what a device allocated to two claims leads to.
+func (c *tesseraCluster) refusedForAHeldDevice(ctx context.Context, t *testing.T, ns string) []string {
+	t.Helper()
+	list, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	noErr(t, err)
+	var out []string
+	for _, ev := range list.Items {
+		if ev.Reason != "FailedPrepareDynamicResources" {
+			continue
+		}
+		for _, held := range []string{"already prepared for claim", "is held by claim"} {
+			if strings.Contains(ev.Message, held) {
+				out = append(out, fmt.Sprintf("pod %s: %s", ev.InvolvedObject.Name, ev.Message))
+				break
+			}
+		}
+	}
+	return out
+}

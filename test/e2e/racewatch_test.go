@@ -26,19 +26,23 @@ import (
 	"github.com/tessera-dev/tessera/controller/gang"
 )
 
-// This file holds raceWatch: it follows, event by event, the claims and pods
-// of a namespace where a gang races other pods for devices, and records what
-// must never be seen, judged with the tests' own ledger of the slices.
+// This file holds raceWatch: it follows, event by event, every claim of the
+// cluster and the pods of a namespace where a gang races other pods for
+// devices, and records what must never be seen, judged with the tests' own
+// ledger of the slices.
 
-// raceWatch looks at every state of the namespace's claims and pods that the
-// watches deliver (its own copies, updated from each event in order, not an
-// informer's store, which may have moved on by the time a handler runs).
+// raceWatch looks at every state of the claims and pods that the watches
+// deliver (its own copies, updated from each event in order, not an
+// informer's store, which may have moved on by the time a handler runs): it
+// reads the allocations as the scheduler does, a List at one resource
+// version and then the watch.
 type raceWatch struct {
 	job  string // the gang's members are this Job's pods
 	size int
-	// repair is how long the controller may take to repair a gang: a
-	// device allocated twice, or some members running while others are not.
-	repair time.Duration
+	// skew is how long members may run while others do not: they bind
+	// together (the domain claim's binding conditions) and start as their
+	// kubelets get to them.
+	skew   time.Duration
 	client kubernetes.Interface
 	gangs  dynamic.NamespaceableResourceInterface
 
@@ -49,11 +53,9 @@ type raceWatch struct {
 	ledger *ledger // nil after a slice changed: rebuilt at the next look
 	looks  int
 
-	open map[string]openClash // clashes present at the last look
-	// raced: hardware a member's claim was allocated beside another claim.
-	raced    map[string]bool
-	seen     []seenClash // every clash that ended, and how long it lasted
-	failures []string    // what must never happen, as first seen
+	open     map[string]openClash // clashes present at the last look
+	seen     []seenClash          // every clash that ended, and how long it lasted
+	failures []string             // what must never happen, as first seen
 	failed   map[string]bool
 	// ran: pods seen running; bound: pods seen bound to a node; ever: the
 	// last state of every pod seen; owner: the pod each claim made from a
@@ -80,18 +82,18 @@ type seenClash struct {
 	lasted time.Duration
 }
 
-func newRaceWatch(client kubernetes.Interface, dyn dynamic.Interface, job string, size int, repair time.Duration) *raceWatch {
+func newRaceWatch(client kubernetes.Interface, dyn dynamic.Interface, job string, size int, skew time.Duration) *raceWatch {
 	return &raceWatch{
-		job: job, size: size, repair: repair, client: client,
+		job: job, size: size, skew: skew, client: client,
 		gangs:  dyn.Resource(gangv1.GroupVersionResource),
 		claims: map[types.UID]*resourceapi.ResourceClaim{}, pods: map[types.UID]*corev1.Pod{},
-		slices: map[string]*resourceapi.ResourceSlice{}, open: map[string]openClash{}, raced: map[string]bool{},
+		slices: map[string]*resourceapi.ResourceSlice{}, open: map[string]openClash{},
 		failed: map[string]bool{}, ran: map[types.UID]bool{}, bound: map[types.UID]bool{},
 		ever: map[types.UID]*corev1.Pod{}, owner: map[string]types.UID{},
 	}
 }
 
-// start watches the namespace's claims, pods and gangs and every slice
+// start watches every claim and slice, and the namespace's pods and gangs,
 // until ctx ends; it returns once the watches have listed.
 func (w *raceWatch) start(ctx context.Context, t testing.TB, dyn dynamic.Interface, ns string) {
 	t.Helper()
@@ -111,7 +113,7 @@ func (w *raceWatch) start(ctx context.Context, t testing.TB, dyn dynamic.Interfa
 		}
 	}
 	var err error
-	_, err = nsFactory.Resource().V1().ResourceClaims().Informer().AddEventHandler(handler(func(o any, gone bool) {
+	_, err = all.Resource().V1().ResourceClaims().Informer().AddEventHandler(handler(func(o any, gone bool) {
 		c := o.(*resourceapi.ResourceClaim)
 		w.update(func() {
 			if gone {
@@ -197,9 +199,9 @@ func (w *raceWatch) fail(key, msg string) {
 	}
 }
 
-// look judges the current state: overlaps between allocated claims (allowed
-// for less than the repair bound, never between two running pods), and
-// members running while others are not (allowed for less than the bound).
+// look judges the current state: overlaps between allocated claims (never,
+// not for an instant), and members running while others are not (for less
+// than the start skew).
 func (w *raceWatch) look(now time.Time) {
 	w.looks++
 	if w.ledger == nil {
@@ -225,22 +227,13 @@ func (w *raceWatch) look(now time.Time) {
 	current := map[string]bool{}
 	for _, c := range w.ledger.clashes(allocated) {
 		current[c.key()] = true
-		members := w.membersOf(c.claims)
-		switch {
-		case len(members) > 1:
-			w.fail("members "+c.key(), fmt.Sprintf("%s, all of gang members %v: the controller allocated one device twice itself", c, members))
-		case len(members) == 1:
-			w.raced[c.hw] = true
-		case !w.raced[c.hw]:
-			w.fail("alone "+c.key(), fmt.Sprintf("%s, none a gang member's, on hardware no member's claim was ever allocated beside another: the scheduler allocated it twice on its own", c))
+		if members := w.membersOf(c.claims); len(members) > 0 {
+			w.fail("clash "+c.key(), fmt.Sprintf("%s (gang members' claims among them: %v): a device allocated to two claims at once", c, members))
+		} else {
+			w.fail("clash "+c.key(), fmt.Sprintf("%s: a device allocated to two claims at once", c))
 		}
-		o, ok := w.open[c.key()]
-		if !ok {
-			o = openClash{clash: c, since: now}
-			w.open[c.key()] = o
-		}
-		if now.Sub(o.since) > w.repair {
-			w.fail("long "+c.key(), fmt.Sprintf("%s for %v, longer than the repair bound %v", c, now.Sub(o.since).Round(time.Second), w.repair))
+		if _, ok := w.open[c.key()]; !ok {
+			w.open[c.key()] = openClash{clash: c, since: now}
 		}
 	}
 	for key, o := range w.open {
@@ -268,10 +261,10 @@ func (w *raceWatch) look(now time.Time) {
 	switch {
 	case split && w.splitSince.IsZero():
 		w.splitSince = now
-	case split && now.Sub(w.splitSince) > w.repair:
+	case split && now.Sub(w.splitSince) > w.skew:
 		sort.Strings(live)
 		sort.Strings(running)
-		w.fail("split", fmt.Sprintf("members %v run while not all of %v do, for %v: longer than the repair bound %v", running, live, now.Sub(w.splitSince).Round(time.Second), w.repair))
+		w.fail("split", fmt.Sprintf("members %v run while not all of %v do, for %v: longer than the start skew %v", running, live, now.Sub(w.splitSince).Round(time.Second), w.skew))
 	case !split && !w.splitSince.IsZero():
 		w.longestSplit = max(w.longestSplit, now.Sub(w.splitSince))
 		w.splitSince = time.Time{}
@@ -304,7 +297,7 @@ func (w *raceWatch) ownersOf(c *resourceapi.ResourceClaim) []*corev1.Pod {
 }
 
 // membersOf names the gang members' claims among the claims: those the
-// controller wrote (it annotates a claim before it allocates it).
+// controller annotated with its gang.
 func (w *raceWatch) membersOf(claims []string) []string {
 	var out []string
 	for _, c := range w.claims {
