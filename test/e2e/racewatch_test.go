@@ -433,18 +433,6 @@ func (w *raceWatch) isWhole() bool {
 	return w.whole
 }
 
-// openClashes lists the overlaps present at the last look.
-func (w *raceWatch) openClashes() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []string
-	for _, o := range w.open {
-		out = append(out, o.String())
-	}
-	sort.Strings(out)
-	return out
-}
-
 // pod is the last state seen of the namespace's pod of that name; nil when
 // none exists.
 func (w *raceWatch) pod(name string) *corev1.Pod {
@@ -469,25 +457,4 @@ func (w *raceWatch) count(match func(p *corev1.Pod, ran bool) bool) int {
 		}
 	}
 	return n
-}
-
-// lostTo names, for a pod bound that never ran, a pod of another kind
-// that ran on hardware both their claims were allocated (a double
-// allocation the other pod won at prepare); "" when there is none.
-func (r raceReport) lostTo(p *corev1.Pod, otherKind func(*corev1.Pod) bool) string {
-	for _, c := range r.clashes {
-		mine := false
-		for _, name := range c.claims {
-			mine = mine || r.owner[name] == p.UID
-		}
-		if !mine {
-			continue
-		}
-		for _, name := range c.claims {
-			if o, ok := r.pods[r.owner[name]]; ok && o.UID != p.UID && r.ran[o.UID] && otherKind(o) {
-				return fmt.Sprintf("%s (%s)", o.Name, c.what)
-			}
-		}
-	}
-	return ""
 }
