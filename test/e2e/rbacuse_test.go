@@ -127,6 +127,12 @@ func (g grant) used(events []cluster.AuditEvent) bool {
 		if e.Verb == "watch" && strings.Contains(e.RequestURI, "sendInitialEvents=true") {
 			verbs = append(verbs, "list")
 		}
+		if e.Verb == "update" && e.ObjectRef != nil && e.ObjectRef.Resource == "resourceclaims" && e.ObjectRef.Subresource == "status" {
+			// The API server authorizes status.devices of a claim allocated
+			// on no node of the writer as the verb arbitrary-node:update on
+			// the synthetic resourceclaims/driver, within the update.
+			verbs = append(verbs, "arbitrary-node:update")
+		}
 		if e.User.Username != g.account || !slices.Contains(verbs, g.verb) || e.ObjectRef == nil ||
 			e.Annotations["authorization.k8s.io/decision"] != "allow" {
 			continue
@@ -138,11 +144,15 @@ func (g grant) used(events []cluster.AuditEvent) bool {
 		if e.ObjectRef.APIGroup != g.apiGroup || (g.namespace != "" && e.ObjectRef.Namespace != g.namespace) {
 			continue
 		}
-		// The API server authorizes resourceclaims/binding itself, within
-		// an update of resourceclaims/status that changes the allocation or
-		// reservedFor (DRAResourceClaimGranularStatusAuthorization); it is
-		// never a request of its own.
-		if res == g.resource || (g.resource == "resourceclaims/binding" && res == "resourceclaims/status" && g.verb == "update") {
+		// The API server authorizes resourceclaims/binding and
+		// resourceclaims/driver itself, within an update of
+		// resourceclaims/status that changes the allocation or reservedFor,
+		// or status.devices (DRAResourceClaimGranularStatusAuthorization);
+		// neither is ever a request of its own. The audit log does not say
+		// which fields an update changed: any status update counts.
+		synthetic := (g.resource == "resourceclaims/binding" && g.verb == "update") ||
+			(g.resource == "resourceclaims/driver" && g.verb == "arbitrary-node:update")
+		if res == g.resource || (synthetic && res == "resourceclaims/status") {
 			return true
 		}
 	}
@@ -262,7 +272,7 @@ func TestUnusedGrantsAreReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range controllerGrants {
-		if g.resource != "resourceclaims/binding" {
+		if g.resource != "resourceclaims/binding" && g.resource != "resourceclaims/driver" {
 			continue
 		}
 		var e cluster.AuditEvent
