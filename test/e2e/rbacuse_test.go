@@ -94,8 +94,12 @@ func shippedGrants(manifests ...[]byte) ([]grant, error) {
 				return nil, fmt.Errorf("%s is bound to %s %s, not a service account", k, s.Kind, s.Name)
 			}
 			for _, rule := range r.rules {
-				if len(rule.NonResourceURLs) > 0 || len(rule.ResourceNames) > 0 {
-					return nil, fmt.Errorf("%s: rule %v: only resource rules without names are checked", k, rule)
+				// Names are allowed only on the synthetic
+				// resourceclaims/driver, where they name the driver: the
+				// audit log of the status update that uses it does not.
+				named := len(rule.ResourceNames) > 0 && !slices.Equal(rule.Resources, []string{"resourceclaims/driver"})
+				if len(rule.NonResourceURLs) > 0 || named {
+					return nil, fmt.Errorf("%s: rule %v: only resource rules without names (but resourceclaims/driver's) are checked", k, rule)
 				}
 				for _, group := range rule.APIGroups {
 					for _, res := range rule.Resources {
