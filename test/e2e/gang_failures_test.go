@@ -139,13 +139,7 @@ func (e gangEnv) deviceTakenBeforeTheRelease(ctx context.Context, t *testing.T) 
 		}
 		return false
 	})
-	e.gs.create(ctx, t, &gangv1.Gang{
-		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
-		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
-	})
-	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
-	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
-	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+	e.trainJobGang(ctx, t, ns)
 
 	var pods []corev1.Pod
 	eventually(ctx, t, 3*time.Minute, "the gang running whole as a second placement", func() bool {
@@ -200,6 +194,20 @@ func (e gangEnv) deviceTakenBeforeTheRelease(ctx context.Context, t *testing.T) 
 	t.Logf("the rival took %s/%s on %s after placement %s; no member of it bound; the gang runs again on %v", r.Pool, r.Device, node, first, held)
 	e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "train")
 	e.restartController(t, nil)
+}
+
+// trainJobGang creates in ns the gang "train" of the 4 one-GPU pods of the
+// indexed Job "train", sharing domain claim g-domain (setUp), and deletes
+// both at the test's end.
+func (e gangEnv) trainJobGang(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	e.gs.create(ctx, t, &gangv1.Gang{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
+		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
+	})
+	noErr(t, ok(e.c.Client().BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
+	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
+	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
 }
 
 // memberFails: one member of a running Job gang exits with an error. The

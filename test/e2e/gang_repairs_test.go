@@ -127,13 +127,7 @@ func (e gangEnv) raceForMemberZero(ctx context.Context, t *testing.T, ns string)
 		return false
 	})
 	began := time.Now()
-	e.gs.create(ctx, t, &gangv1.Gang{
-		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
-		Spec:       gangv1.GangSpec{Size: 4, DomainClaimName: "g-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
-	})
-	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, indexedJob(ns, "train", 4, "one-gpu", "g-domain"), metav1.CreateOptions{})))
-	t.Cleanup(func() { e.c.deleteJob(context.WithoutCancel(ctx), t, ns, "train") })
-	t.Cleanup(func() { e.gs.delete(context.WithoutCancel(ctx), t, ns, "train") })
+	e.trainJobGang(ctx, t, ns)
 	return &doubleAllocation{small: small, smallClaim: smallClaim, first: first, taken: &taken, takeErr: &takeErr, began: began}
 }
 
