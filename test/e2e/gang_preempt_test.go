@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -32,6 +33,19 @@ func (c *tesseraCluster) priorityClasses(ctx context.Context, t *testing.T, valu
 			_ = c.Client().SchedulingV1().PriorityClasses().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
 		})
 	}
+}
+
+// neverPreemptingClass makes a PriorityClass of that value whose pods never
+// preempt, deleted at t's end.
+func (c *tesseraCluster) neverPreemptingClass(ctx context.Context, t *testing.T, name string, value int32) {
+	t.Helper()
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value, PreemptionPolicy: ptr.To(corev1.PreemptNever)}
+	if _, err := c.Client().SchedulingV1().PriorityClasses().Create(ctx, pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client().SchedulingV1().PriorityClasses().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+	})
 }
 
 // preemptsAWholeGang: clique A's four trays are each full with a pod of

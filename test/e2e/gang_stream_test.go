@@ -62,22 +62,53 @@ func churnTrials(t *testing.T) int {
 }
 
 // churnKills are the steps at which a trial kills the controller, in turn
-// (none first): a crash between the search and the commit, between the
-// commit and the release, and while the members wait to bind.
+// (none first): a crash between the search and the commit (the restarted
+// controller rolls the placement back), between the commit and the
+// release, and while the members wait to bind.
 var churnKills = []string{"", gang.StepClaimWritten, gang.StepCommit, gang.StepRelease, gang.StepBind}
+
+// churnShape is the kind of gang a trial places, in turn with the kills
+// (five kills and three shapes: every pairing within 15 trials).
+type churnShape string
+
+const (
+	// shapeFixed: a gang of exactly 8.
+	shapeFixed churnShape = "fixed"
+	// shapeElastic: minSize 4, maxSize 8: it starts with what fits of the
+	// clique beside the stream and grows as small pods end.
+	shapeElastic churnShape = "elastic"
+	// shapePreempt: a gang of 7 of priority 100 runs in the clique first,
+	// leaving 7 GPUs for the stream and the gang of 8 of priority 1000; the
+	// blocker and the small pods have 500 (and never preempt), so the gang
+	// runs only by preempting: the low gang, whole (the cheapest victims).
+	shapePreempt churnShape = "preempt"
+)
+
+var churnShapes = []churnShape{shapeFixed, shapeElastic, shapePreempt}
+
+// Priorities of the preempt shape's pods (PriorityClasses tessera-e2e-<n>;
+// the small pods' class never preempts).
+const (
+	lowGangPriority   = 100
+	smallPodPriority  = 500
+	trainGangPriority = 1000
+	lowGangSize       = 7
+)
 
 // smallPodStream runs churn trials (churnTrials): in each, a gang of 8
 // one-GPU members of an indexed Job is created while four goroutines keep
 // creating and deleting small pods (whole GPUs and 1g partitions) on the
 // same clique, whose 14 free GPUs are a little more than both need, and the
 // controller is killed at one step of the placement (churnKills, in turn)
-// and started again. The scheduler allocates the small pods' claims and the
+// and started again; the gang is of fixed size, elastic or preempting
+// (churnShapes, in turn). The scheduler allocates the small pods' claims and the
 // members', the controller only the gang's channel. Watched event by event,
 // with the test's own ledger of the published slices:
 //   - no device (a GPU, a partition, a GPU and one of its partitions, a
 //     channel) is allocated to two claims at any instant;
 //   - no pod is refused at prepare for a device another claim holds;
-//   - members run while others do not only for the start skew: they bind
+//   - fewer members than the gang's least (its size, or an elastic gang's
+//     minSize) run while others do not only for the start skew: they bind
 //     together;
 //   - a gang that waits with no placement in progress holds nothing;
 //   - a small pod bound to a node ran (or was deleted when the stream
@@ -86,32 +117,56 @@ var churnKills = []string{"", gang.StepClaimWritten, gang.StepCommit, gang.StepR
 func (e gangEnv) smallPodStream(ctx context.Context, t *testing.T) {
 	for trial := range churnTrials(t) {
 		kill := churnKills[trial%len(churnKills)]
-		name := fmt.Sprintf("trial-%d", trial)
+		shape := churnShapes[trial%len(churnShapes)]
+		name := fmt.Sprintf("trial-%d-%s", trial, shape)
 		if kill != "" {
 			name += "-kill-at-" + kill
 		}
-		if !t.Run(name, func(t *testing.T) { e.streamTrial(ctx, t, fmt.Sprintf("stream-%d", trial), kill) }) {
+		if !t.Run(name, func(t *testing.T) { e.streamTrial(ctx, t, fmt.Sprintf("stream-%d", trial), kill, shape) }) {
 			return
 		}
 	}
 }
 
 // streamTrial is one trial of smallPodStream in namespace ns, killing the
-// controller at step kill ("": not at all).
-func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string) {
+// controller at step kill ("": not at all), with a gang of that shape.
+func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string, shape churnShape) {
 	e.setUp(ctx, t, ns)
 	client := e.c.Client()
 	e.c.createTemplates(ctx, t, gpuTemplate(ns, "two-gpus", 2), migTemplate(ns, "one-slice", "1g.23gb"))
-	blocker := e.c.createAndRun(ctx, t, onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-a1"))
+	// prioritised gives a pod the preempt shape's priority (nothing in the
+	// other shapes).
+	prioritised := func(p *corev1.Pod, class string) *corev1.Pod {
+		if shape == shapePreempt {
+			p.Spec.PriorityClassName = class
+		}
+		return p
+	}
+	smallClass := fmt.Sprintf("tessera-e2e-%d-never", smallPodPriority)
+	if shape == shapePreempt {
+		e.c.priorityClasses(ctx, t, lowGangPriority, trainGangPriority)
+		e.c.neverPreemptingClass(ctx, t, smallClass, smallPodPriority)
+	}
+	blocker := e.c.createAndRun(ctx, t, prioritised(onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-a1"), smallClass))
+	if shape == shapePreempt {
+		e.runLowGang(ctx, t, ns)
+	}
 
 	const skew = 30 * time.Second
-	w := newRaceWatch(client, e.gs.dyn, "train", streamGangSize, skew)
+	least := streamGangSize
+	if shape == shapeElastic {
+		least = streamGangSize / 2
+	}
+	w := newRaceWatch(client, e.gs.dyn, "train", streamGangSize, least, skew)
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.start(wctx, t, e.gs.dyn, ns)
 	checkLedger(ctx, t, e.c, streamNodes[0])
 
 	s := &smallStream{c: e.c, w: w, ns: ns, stop: make(chan struct{})}
+	if shape == shapePreempt {
+		s.class = smallClass
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, streamCreators)
 	for i := range streamCreators {
@@ -143,11 +198,15 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string)
 		dying = e.restartController(t, func(step string) bool { return step == kill && !killed.Swap(true) })
 	}
 	began, before := time.Now(), s.created.Load()
-	e.gs.create(ctx, t, &gangv1.Gang{
+	train := &gangv1.Gang{
 		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
 		Spec: gangv1.GangSpec{Size: streamGangSize, DomainClaimName: "g-domain",
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
-	})
+	}
+	if shape == shapeElastic {
+		train.Spec.Size, train.Spec.MinSize, train.Spec.MaxSize = 0, int32(least), streamGangSize
+	}
+	e.gs.create(ctx, t, train)
 	// A member lost evicts all eight members at once. The Job controller's
 	// pod-failure backoff counts them all, even the evictions its
 	// podFailurePolicy ignores: 10 s doubled per failure, up to 10 minutes
@@ -155,6 +214,9 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string)
 	// own failures (one each), as docs/gang.md advises for gangs of Jobs.
 	job := indexedJob(ns, "train", streamGangSize, "one-gpu", "g-domain")
 	job.Spec.BackoffLimitPerIndex = ptr.To(int32(100))
+	if shape == shapePreempt {
+		job.Spec.Template.Spec.PriorityClassName = fmt.Sprintf("tessera-e2e-%d", trainGangPriority)
+	}
 	noErr(t, ok(client.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})))
 	if dying != nil {
 		select {
@@ -233,18 +295,60 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string)
 		kill, r.looks, r.waitingLooks, r.longestSplit.Round(10*time.Millisecond), len(r.clashes), clashes, g.Annotations[gangv1.AnnotationCommitted], g.Status.Nodes)
 	t.Logf("gang events:\n%s", gangEvents(ctx, e.c, ns))
 
+	switch shape {
+	case shapeElastic:
+		t.Logf("elastic gang grew: %v", e.c.hasEvent(ctx, ns, "train", gangv1.ReasonGrown))
+	case shapePreempt:
+		var preempted []string
+		for _, p := range r.pods {
+			if p.Labels["gang"] == "low" && e.c.hasEventOf(ctx, ns, "Pod", p.Name, gangv1.ReasonPreempted) {
+				preempted = append(preempted, p.Name)
+			}
+		}
+		slices.Sort(preempted)
+		if len(preempted) != lowGangSize {
+			t.Errorf("the low gang's members preempted: %v, want all %d", preempted, lowGangSize)
+		}
+		t.Logf("the gang preempted the low gang's %v", preempted)
+		e.c.deleteGangAndMembers(ctx, t, e.gs, ns, "low")
+	}
+
 	// Leave the clique free for the next trial.
 	e.c.deleteJob(ctx, t, ns, "train")
 	e.gs.delete(ctx, t, ns, "train")
 	e.c.deletePodsAndWait(ctx, t, blocker)
 }
 
+// runLowGang runs the preempt shape's low gang: lowGangSize one-GPU
+// members of priority lowGangPriority with their own domain claim, in
+// clique A (clique B's tray has four GPUs).
+func (e gangEnv) runLowGang(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	client := e.c.Client()
+	noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "low-domain"), metav1.CreateOptions{})))
+	e.gs.create(ctx, t, labelGang(ns, "low", lowGangSize, "low-domain"))
+	var names []string
+	for i := range lowGangSize {
+		p := memberPod(ns, fmt.Sprintf("low-%d", i), "low", "one-gpu", "low-domain")
+		p.Spec.PriorityClassName = fmt.Sprintf("tessera-e2e-%d", lowGangPriority)
+		noErr(t, ok(client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})))
+		names = append(names, p.Name)
+	}
+	for _, p := range e.c.waitNamedRunning(ctx, t, ns, 3*time.Minute, names...) {
+		if !slices.Contains(streamNodes, p.Spec.NodeName) {
+			t.Fatalf("low gang member %s runs on %s, want clique A %v", p.Name, p.Spec.NodeName, streamNodes)
+		}
+	}
+}
+
 // smallStream creates and deletes small pods on streamNodes until stop.
 type smallStream struct {
-	c       *tesseraCluster
-	w       *raceWatch
-	ns      string
-	stop    chan struct{}
+	c    *tesseraCluster
+	w    *raceWatch
+	ns   string
+	stop chan struct{}
+	// class is the small pods' PriorityClass ("": none).
+	class   string
 	created atomic.Int32
 	// failed: a creator stopped on an error.
 	failed atomic.Bool
@@ -270,6 +374,7 @@ func (s *smallStream) create(ctx context.Context, id int, claim corev1.PodResour
 		}
 		pod := onNodes(newGPUPod(s.ns, fmt.Sprintf("small-%d-%d", id, n), claim), streamNodes...)
 		pod.Labels = map[string]string{"role": "small"}
+		pod.Spec.PriorityClassName = s.class
 		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create small pod %s: %w", pod.Name, err)
 		}

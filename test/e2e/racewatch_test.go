@@ -39,6 +39,10 @@ import (
 type raceWatch struct {
 	job  string // the gang's members are this Job's pods
 	size int
+	// least: the fewest members that may run while others do not, for
+	// longer than the skew (size for a gang of fixed size, its minSize for
+	// an elastic one).
+	least int
 	// skew is how long members may run while others do not: they bind
 	// together (the domain claim's binding conditions) and start as their
 	// kubelets get to them.
@@ -82,9 +86,9 @@ type seenClash struct {
 	lasted time.Duration
 }
 
-func newRaceWatch(client kubernetes.Interface, dyn dynamic.Interface, job string, size int, skew time.Duration) *raceWatch {
+func newRaceWatch(client kubernetes.Interface, dyn dynamic.Interface, job string, size, least int, skew time.Duration) *raceWatch {
 	return &raceWatch{
-		job: job, size: size, skew: skew, client: client,
+		job: job, size: size, least: least, skew: skew, client: client,
 		gangs:  dyn.Resource(gangv1.GroupVersionResource),
 		claims: map[types.UID]*resourceapi.ResourceClaim{}, pods: map[types.UID]*corev1.Pod{},
 		slices: map[string]*resourceapi.ResourceSlice{}, open: map[string]openClash{},
@@ -171,7 +175,25 @@ func (w *raceWatch) start(ctx context.Context, t testing.TB, dyn dynamic.Interfa
 	synced(t, nsFactory.WaitForCacheSync(ctx.Done()))
 	synced(t, all.WaitForCacheSync(ctx.Done()))
 	synced(t, gangFactory.WaitForCacheSync(ctx.Done()))
+	// A look also every lookEvery, not only on events: a split that
+	// outlasts the skew fails while it lasts, whether or not an event
+	// arrives.
+	go func() {
+		tick := time.NewTicker(lookEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				w.update(func() {})
+			}
+		}
+	}()
 }
+
+// lookEvery is how often a raceWatch looks when no event arrives.
+const lookEvery = time.Second
 
 // synced fails the test unless every informer synced.
 func synced[K comparable](t testing.TB, m map[K]bool) {
@@ -257,16 +279,23 @@ func (w *raceWatch) look(now time.Time) {
 		}
 	}
 	w.whole = len(running) == w.size && len(live) == w.size
-	split := len(running) > 0 && !w.whole
+	split := len(running) > 0 && len(running) < w.least
 	switch {
 	case split && w.splitSince.IsZero():
 		w.splitSince = now
 	case split && now.Sub(w.splitSince) > w.skew:
 		sort.Strings(live)
 		sort.Strings(running)
-		w.fail("split", fmt.Sprintf("members %v run while not all of %v do, for %v: longer than the start skew %v", running, live, now.Sub(w.splitSince).Round(time.Second), w.skew))
+		w.fail("split", fmt.Sprintf("members %v run while fewer than %d of %v do, for %v: longer than the start skew %v", running, w.least, live, now.Sub(w.splitSince).Round(time.Second), w.skew))
 	case !split && !w.splitSince.IsZero():
-		w.longestSplit = max(w.longestSplit, now.Sub(w.splitSince))
+		// A split that ends is judged on its whole length: one longer than
+		// the skew fails even when no look fell past the skew while it
+		// lasted.
+		lasted := now.Sub(w.splitSince)
+		if lasted > w.skew {
+			w.fail("split", fmt.Sprintf("members ran while fewer than %d of the gang did, for %v: longer than the start skew %v", w.least, lasted.Round(time.Second), w.skew))
+		}
+		w.longestSplit = max(w.longestSplit, lasted)
 		w.splitSince = time.Time{}
 	}
 }
@@ -407,6 +436,10 @@ func (w *raceWatch) report() raceReport {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := time.Now()
+	// A split still open at the close counts as closing now.
+	if !w.splitSince.IsZero() && now.Sub(w.splitSince) > w.skew {
+		w.fail("split", fmt.Sprintf("members ran while fewer than %d of the gang did, for %v and still at the close: longer than the start skew %v", w.least, now.Sub(w.splitSince).Round(time.Second), w.skew))
+	}
 	r := raceReport{
 		failures: slices.Clone(w.failures), clashes: slices.Clone(w.seen), looks: w.looks, waitingLooks: w.waitingLooks,
 		longestSplit: w.longestSplit, pods: map[types.UID]*corev1.Pod{}, ran: map[types.UID]bool{}, bound: map[types.UID]bool{}, owner: map[string]types.UID{},
