@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/controller/gang"
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/driver/daemonpod"
@@ -762,21 +764,22 @@ func checkIMEXLock(ctx context.Context, t *testing.T, c *cluster.Cluster, combo,
 	}
 }
 
-// checkGangAnnotations writes as a tenant who may create and update claims
-// and pods in namespace, with the chart's tessera-gang-annotations policy
-// loaded: a claim or pod created with an annotation the controller writes
-// (a domain claim's nodes, a member's placement), a claim updated to add
-// one (a rank, a growth's attempt), a placed member's placement removed, or a rank added through
-// a pod's status or binding, is refused naming the annotation; other
-// annotations are the tenant's to write; a cluster administrator is let
-// through.
+// checkGangAnnotations writes as a tenant who may create and update claims,
+// pods and gangs in namespace, with the chart's tessera-gang-annotations
+// policy loaded: a claim or pod created with an annotation the controller
+// writes (a domain claim's nodes, a member's placement), a claim updated to
+// add one (a rank, a growth's attempt), a placed member's placement removed,
+// a rank added through a pod's status or binding, or a gang created or
+// updated with a record of a placement (which the controller trusts to roll
+// claims back), is refused naming the annotation; other annotations are the
+// tenant's to write; a cluster administrator is let through.
 func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string) {
 	t.Helper()
 	admin := c.Client()
 	const tenant = "tenant-a"
 	_, err := admin.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: tenant},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"", "resource.k8s.io"}, Resources: []string{"pods", "pods/status", "pods/binding", "resourceclaims"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"", "resource.k8s.io", gangv1.Group}, Resources: []string{"pods", "pods/status", "pods/binding", "resourceclaims", "gangs"},
 			Verbs: []string{"get", "create", "update", "delete"}}},
 	}, metav1.CreateOptions{})
 	noErr(t, err)
@@ -833,6 +836,7 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 	if _, err := claims.Update(ctx, noted, metav1.UpdateOptions{}); err != nil {
 		t.Errorf("%s: a tenant cannot change its own annotation on its claim: %v", combo, err)
 	}
+	checkGangRecords(ctx, t, c, combo, namespace, cfg)
 	_, err = user.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "forged-member", Namespace: namespace,
 			Annotations: map[string]string{gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationRank: "0"}},
@@ -883,4 +887,49 @@ func checkGangAnnotations(ctx context.Context, t *testing.T, c *cluster.Cluster,
 		_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, byAdmin.Name, metav1.DeleteOptions{})
 	}
 	_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, own.Name, metav1.DeleteOptions{})
+}
+
+// checkGangRecords is checkGangAnnotations' part for gangs, as the tenant
+// cfg impersonates: it may create its gang and change its own annotation on
+// it, but not record a placement on it (the controller would roll back the
+// claims the record names, another gang's running ones included), nor
+// create a gang that claims a committed placement.
+func checkGangRecords(ctx context.Context, t *testing.T, c *cluster.Cluster, combo, namespace string, cfg *rest.Config) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	noErr(t, err)
+	admin, err := dynamic.NewForConfig(c.RESTConfig())
+	noErr(t, err)
+	gangs := gang.NewClient(dyn)
+	newGang := func(name string, annotations map[string]string) *gangv1.Gang {
+		return &gangv1.Gang{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: annotations},
+			Spec: gangv1.GangSpec{Size: 2, DomainClaimName: name + "-domain",
+				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"gang": name}}},
+		}
+	}
+	// The chart's CRD may not serve gangs yet.
+	var own *gangv1.Gang
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		own, err = gangs.Create(ctx, newGang("own", map[string]string{"example.com/team": "vision"}))
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Errorf("%s: a tenant cannot create a gang with an annotation of its own: %v", combo, err)
+		return
+	}
+	defer func() {
+		_ = admin.Resource(gangv1.GroupVersionResource).Namespace(namespace).Delete(ctx, own.Name, metav1.DeleteOptions{})
+	}()
+	forged := own.DeepCopy()
+	forged.Annotations[gangv1.AnnotationUncommitted] = `{"placement":"a1b2c3d4","claims":["other-gang-domain"]}`
+	_, err = gangs.Update(ctx, forged)
+	expectRefusal(t, combo+": a tenant records a placement on its gang", err, "annotations gang.tessera.dev/uncommitted-placement are written by tessera-controller only (its records of a gang's placements, from which it rolls claims back)")
+	_, err = gangs.Create(ctx, newGang("committed", map[string]string{gangv1.AnnotationCommitted: "a1b2c3d4"}))
+	expectRefusal(t, combo+": a tenant creates a gang with a committed placement", err, "annotations gang.tessera.dev/committed-placement are written by tessera-controller only")
+	noted := own.DeepCopy()
+	noted.Annotations["example.com/team"] = "speech"
+	if _, err := gangs.Update(ctx, noted); err != nil {
+		t.Errorf("%s: a tenant cannot change its own annotation on its gang: %v", combo, err)
+	}
 }
