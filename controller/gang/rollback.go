@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
@@ -65,6 +66,15 @@ func recordOf(g *gangv1.Gang) (rec gangv1.UncommittedPlacement, ok bool) {
 // claims it freed; ok is false when the gang has no record. A record of
 // the committed placement that is not a growth (the commit removes it, so
 // only a hand edit leaves one) is dropped without clearing anything.
+//
+// The record is a list of names, not proof: only the chart's
+// tessera-gang-annotations policy keeps others from writing it. So a claim
+// is cleared only if it is this gang's (annotation gangv1.AnnotationGang,
+// which that policy keeps to the controller on claims), written by the
+// record's placement, and (clearClaim) used by no released member. A gang
+// created again under a deleted one's name passes the first two for the
+// claims the deleted gang left to its running members; the third keeps
+// them.
 func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (freed int, ok bool, _ error) {
 	rec, ok := recordOf(g)
 	if !ok {
@@ -80,6 +90,13 @@ func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (free
 				return freed, true, fmt.Errorf("roll back placement %s of gang %s/%s: read claim %s: %w", rec.Placement, g.Namespace, g.Name, name, err)
 			}
 			if c.Status.Allocation == nil || c.Annotations[gangv1.AnnotationPlacement] != rec.Placement {
+				continue
+			}
+			if c.Annotations[gangv1.AnnotationGang] != g.Namespace+"/"+g.Name {
+				// Another gang's claim, though it carries the
+				// record's placement ID (which anyone can read off
+				// it): a record names claims, it does not make them
+				// this gang's.
 				continue
 			}
 			if rec.Growth {
@@ -214,4 +231,27 @@ func (r *reconciler) ownerReleased(ctx context.Context, c *resourceapi.ResourceC
 		return false, err
 	}
 	return p.UID == owner.UID && !hasGate(p), nil
+}
+
+// inUseBy names a pod claim c is reserved for that exists (the UID
+// reserved) and is released (no gate gangv1.SchedulingGate), read from the
+// API server: a cache may still show a member gated that the controller
+// released a moment ago. It is "" when there is none.
+func inUseBy(ctx context.Context, client kubernetes.Interface, c *resourceapi.ResourceClaim) (string, error) {
+	for _, ref := range c.Status.ReservedFor {
+		if ref.APIGroup != "" || ref.Resource != "pods" {
+			continue
+		}
+		p, err := client.CoreV1().Pods(c.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("claim %s/%s: read pod %s it is reserved for: %w", c.Namespace, c.Name, ref.Name, err)
+		}
+		if p.UID == ref.UID && !hasGate(p) {
+			return p.Name, nil
+		}
+	}
+	return "", nil
 }

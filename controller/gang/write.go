@@ -181,10 +181,14 @@ func writeClaim(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang
 }
 
 // clearClaim removes a claim's allocation and reservation, if it is still
-// the one of placement id (any placement when id is empty) and the
-// controller's own: an allocation of domain channels only. An allocation
-// the scheduler made (any other device) is never touched: clearing one is
-// for its pod's end and the resourceclaim controller.
+// the one of placement id (any placement when id is empty), the
+// controller's own (an allocation of domain channels only) and in no
+// released member's use. An allocation the scheduler made (any other
+// device) is never touched: clearing one is for its pod's end and the
+// resourceclaim controller. Nor is one reserved for a pod that exists and
+// is released (inUseBy), whatever asks: its members run on the channel, and
+// a cleared claim's devices are handed out again. Both refusals leave the
+// claim as it is and are not errors (cleared is false).
 func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id string) (cleared bool, _ error) {
 	claims := client.ResourceV1().ResourceClaims(ns)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -197,6 +201,12 @@ func clearClaim(ctx context.Context, client kubernetes.Interface, ns, name, id s
 			return err
 		}
 		if c.Status.Allocation == nil || (id != "" && c.Annotations[gangv1.AnnotationPlacement] != id) || !channelsOnly(c.Status.Allocation) {
+			return nil
+		}
+		if pod, err := inUseBy(ctx, client, c); err != nil {
+			return err
+		} else if pod != "" {
+			klog.FromContext(ctx).V(2).Info("Not clearing a domain claim a released member uses", "claim", klog.KObj(c), "pod", pod)
 			return nil
 		}
 		c.Status.Allocation = nil
