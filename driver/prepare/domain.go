@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -79,13 +80,7 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 			if ok && rec.Phase == checkpoint.PrepareCompleted {
 				phase = checkpoint.PrepareCompleted
 			}
-			err = m.locked(ctx, func() error {
-				m.mu.Lock()
-				m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: phase, Domain: true, IMEX: daemon}
-				v := m.changed()
-				m.mu.Unlock()
-				return m.persist(v)
-			})
+			err = m.recordDomain(ctx, uid, checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: phase, Domain: true, IMEX: daemon})
 			if err != nil {
 				return nil, fmt.Errorf("claim %s: %w", ref, err)
 			}
@@ -105,18 +100,40 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	if ok && rec.Domain && rec.Phase == checkpoint.PrepareCompleted {
 		return devs, nil
 	}
-	err = m.locked(ctx, func() error {
-		m.mu.Lock()
-		m.data.Claims[string(uid)] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true, IMEX: recorded}
-		v := m.changed()
-		m.mu.Unlock()
-		return m.persist(v)
-	})
+	err = m.recordDomain(ctx, uid, checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Domain: true, IMEX: recorded})
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
 	failpoint(fpPrepareCompleted)
 	return devs, nil
+}
+
+// recordDomain makes rec the domain claim's record, in memory and on disk
+// (the claim's lock held). If the write fails, memory goes back to the
+// record on disk: memory saying prepared would answer the kubelet's retry
+// from a record no restart knows (a restart would roll the claim back
+// under its pods), and memory holding a started mark the disk lacks would
+// let the retry start a daemon before any record of it is on disk.
+func (m *Manager) recordDomain(ctx context.Context, uid types.UID, rec checkpoint.Claim) error {
+	return m.locked(ctx, func() error {
+		m.mu.Lock()
+		was, had := m.data.Claims[string(uid)]
+		m.data.Claims[string(uid)] = rec
+		v := m.changed()
+		m.mu.Unlock()
+		err := m.persist(v)
+		if err != nil {
+			m.mu.Lock()
+			if had {
+				m.data.Claims[string(uid)] = was
+			} else {
+				delete(m.data.Claims, string(uid))
+			}
+			m.changed()
+			m.mu.Unlock()
+		}
+		return err
+	})
 }
 
 // recordDomainSpecs records as prepared the claim of every domain spec of
