@@ -92,6 +92,7 @@ func (m *Manager) PrepareDomain(ctx context.Context, claim *resourceapi.Resource
 	if err != nil {
 		return nil, err
 	}
+	failpoint(fpCDIWrite)
 	if daemon != nil {
 		if err := m.startIMEX(ctx, claim, *daemon); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", ref, err)

@@ -14,19 +14,13 @@ type Crash struct{ Point string }
 
 func (c Crash) String() string { return "crash at failpoint " + c.Point }
 
-// failpoints lists every point, in the order a claim's life reaches them.
-var failpoints = []string{
-	fpPrepareStarted, fpSettingChange, fpMIGCreate, fpMPSStart, fpCDIWrite, fpPrepareCompleted,
-	fpUnprepareStarted, fpCDIRemove, fpMPSStop, fpMIGDestroy, fpSettingRestore, fpUnprepareCompleted,
-	fpQuarantine, fpReloadRebuilt,
-}
-
 var armed struct {
 	mu     sync.Mutex
 	points map[string]bool
 }
 
-// Failpoints returns the names of every failure point.
+// Failpoints returns the names of every failure point (the registry,
+// failpoint_names.go), in the order a claim's life reaches them.
 func Failpoints() []string { return slices.Clone(failpoints) }
 
 // ArmFailpoint makes the next pass through the named point panic with

@@ -5,6 +5,7 @@ package prepare_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,13 +15,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/mig"
 	"github.com/tessera-dev/tessera/driver/prepare"
+	"github.com/tessera-dev/tessera/test/fixtures"
 )
 
 // A crash is a failpoint's panic, recovered: the Manager that reached it is
@@ -36,24 +41,58 @@ const (
 	partition
 	powerCapped
 	mps
-	everyKind = wholeGPU | partition | powerCapped | mps
+	gangDomain // a gang's NVLink domain claim: its prepare starts an IMEX daemon
+	everyKind  = wholeGPU | partition | powerCapped | mps | gangDomain
 )
 
-// crashClaims are the kinds of claim each failpoint is tried with, all on
-// gpu-0 of a DGX H100 (switchable into and out of MIG mode).
-var crashClaims = []struct {
+// crashKind is a kind of claim each failpoint is tried with.
+type crashKind struct {
 	name   string
 	kind   kind
 	device string
 	config string // the claim's GpuConfig fields, if any
-}{
+}
+
+// crashClaims are the kinds of claim each failpoint is tried with: GPU
+// claims on gpu-0 of a DGX H100 (switchable into and out of MIG mode), and
+// a gang's domain claim on channel 0 of the node's NVLink domain.
+var crashClaims = []crashKind{
 	{"whole GPU", wholeGPU, "gpu-0", ""},
 	{"MIG partition", partition, part, ""},
 	{"power-capped GPU", powerCapped, "gpu-0", `"powerLimitWatts":400`},
 	{"MPS GPU", mps, "gpu-0", `"sharing":{"strategy":"MPS"}`},
+	{"gang NVLink domain", gangDomain, domain.DeviceName(0), ""},
 }
 
-// crashClaim is the claim of a kind, named "crash".
+// claim is the kind's claim named name.
+func (k crashKind) claim(name string) *resourceapi.ResourceClaim {
+	if k.kind == gangDomain {
+		return gangDomainClaim(name)
+	}
+	return crashClaim(name, k.device, k.config)
+}
+
+// gangDomainClaim is a two-node gang's domain claim on channel 0 of an
+// NVLink domain, placed by the gang controller: preparing it starts the
+// node's IMEX daemon for it.
+func gangDomainClaim(name string) *resourceapi.ResourceClaim {
+	return nvlinkClaim(name, "tray-1=10.0.0.1,"+nodeName+"=10.0.0.2")
+}
+
+// imexPod is where the fake IMEX daemons run a claim's daemon.
+func imexPod(uid types.UID) string { return "tessera-imex-" + string(uid) }
+
+// prepareClaim prepares c through m as the plugin does: a claim of gang
+// domain devices through PrepareDomain, with the domain preparer.
+func (e *env) prepareClaim(ctx context.Context, m *prepare.Manager, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if domain.Has(driverName, c) {
+		return m.PrepareDomain(ctx, c, e.nvlinkPreparer().Prepare)
+	}
+	return m.Prepare(ctx, c)
+}
+
+// crashClaim is a GPU claim of device with the GpuConfig fields config, if
+// any.
 func crashClaim(name, device, config string) *resourceapi.ResourceClaim {
 	c := claim(name, device)
 	if config != "" {
@@ -85,6 +124,7 @@ var prepareCrashes = []struct {
 	{"after-mig-create", partition, false, false},
 	{"after-mps-start", mps, false, false},
 	{"after-cdi-write", everyKind, false, true},
+	{"after-imex-start", gangDomain, false, false},
 	{"after-prepare-completed", everyKind, true, false},
 }
 
@@ -103,6 +143,7 @@ var unprepareCrashes = []struct {
 	{"after-unprepare-started", everyKind &^ wholeGPU, true, 0},
 	{"after-cdi-remove", everyKind &^ wholeGPU, true, 0},
 	{"after-mps-stop", mps, true, 0},
+	{"after-imex-stop", gangDomain, true, 0},
 	{"after-mig-destroy", partition, true, 0},
 	{"after-gpu-setting-restore", powerCapped | mps, true, 0},
 	{"after-unprepare-completed", everyKind, false, wholeGPU},
@@ -113,17 +154,34 @@ var unprepareCrashes = []struct {
 // recovers whole.
 var reloadCrashes = []string{"after-checkpoint-quarantine", "after-reload-rebuild"}
 
+// TestEveryFailpointIsTriedByTheCrashTests: every failure point the code
+// has (the registry, which TestEveryFailpointIsDeclaredAndReached keeps
+// equal to the failpoint calls in the source) is armed by a crash table
+// row that some claim kind reaches, and the crash tests fail a case whose
+// operation does not die at the point its row says it reaches (crashedAt).
+// A new step's failpoint fails this test until a table crashes a claim
+// there.
 func TestEveryFailpointIsTriedByTheCrashTests(t *testing.T) {
-	var tried []string
+	tried := map[string]bool{}
+	try := func(point string, reachedBy kind) {
+		if reachedBy&everyKind == 0 {
+			t.Errorf("crash table row %s: no claim kind reaches it, so no case crashes there", point)
+		}
+		tried[point] = true
+	}
 	for _, c := range prepareCrashes {
-		tried = append(tried, c.point)
+		try(c.point, c.reachedBy)
 	}
 	for _, c := range unprepareCrashes {
-		tried = append(tried, c.point)
+		try(c.point, c.reachedBy)
 	}
-	tried = append(tried, reloadCrashes...)
-	if diff := cmp.Diff(prepare.Failpoints(), tried); diff != "" {
-		t.Errorf("failpoints (-declared +tried):\n%s", diff)
+	for _, p := range reloadCrashes {
+		try(p, everyKind)
+	}
+	declared := prepare.Failpoints()
+	slices.Sort(declared)
+	if diff := cmp.Diff(declared, slices.Sorted(maps.Keys(tried))); diff != "" {
+		t.Errorf("failpoints (-declared +tried by a crash table):\n%s", diff)
 	}
 }
 
@@ -153,12 +211,12 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 					e := newCrashEnv(t)
 					e.rolling = mode.rolling
 					ctx := context.Background()
-					c := crashClaim("crash", k.device, k.config)
+					c := k.claim("crash")
 					reached := tc.reachedBy&k.kind != 0
 
 					old := e.start()
 					prepare.ArmFailpoint(tc.point)
-					crashedAt(t, reached, tc.point, func() error { _, err := old.Prepare(ctx, c); return err })
+					crashedAt(t, reached, tc.point, func() error { _, err := e.prepareClaim(ctx, old, c); return err })
 					prepare.DisarmFailpoints()
 
 					m, logs := restart(t, e)
@@ -177,7 +235,7 @@ func TestAPrepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 					}
 
 					// The kubelet retries the prepare, and later unprepares.
-					devs, err := m.Prepare(ctx, c)
+					devs, err := e.prepareClaim(ctx, m, c)
 					if err != nil {
 						t.Fatalf("retried prepare: %v", err)
 					}
@@ -204,11 +262,11 @@ func TestAnUnprepareCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 					e := newCrashEnv(t)
 					e.rolling = mode.rolling
 					ctx := context.Background()
-					c := crashClaim("crash", k.device, k.config)
+					c := k.claim("crash")
 					reached := tc.reachedBy&k.kind != 0
 
 					old := e.start()
-					if _, err := old.Prepare(ctx, c); err != nil {
+					if _, err := e.prepareClaim(ctx, old, c); err != nil {
 						t.Fatal(err)
 					}
 					prepare.ArmFailpoint(tc.point)
@@ -248,10 +306,10 @@ func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 				defer prepare.DisarmFailpoints()
 				e := newCrashEnv(t)
 				ctx := context.Background()
-				c := crashClaim("crash", k.device, k.config)
+				c := k.claim("crash")
 
 				old := e.start()
-				if _, err := old.Prepare(ctx, c); err != nil {
+				if _, err := e.prepareClaim(ctx, old, c); err != nil {
 					t.Fatal(err)
 				}
 				writeJunk(t, e.dataDir)
@@ -261,9 +319,7 @@ func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 
 				m, _ := restart(t, e)
 				dev := c.Status.Allocation.Devices.Results[0].Device
-				if got, ok := m.PreparedClaims()[c.UID]; !ok || got.Phase != checkpoint.PrepareCompleted || len(got.Devices) != 1 || got.Devices[0].Device != dev {
-					t.Fatalf("claim in memory: %+v (present %v), want %s prepared", got, ok, dev)
-				}
+				assertHeld(t, m, c, k.kind)
 				if d := load(t, e.dataDir); d.Claims[string(c.UID)].Phase != checkpoint.PrepareCompleted {
 					t.Errorf("checkpoint on disk: %+v, want the claim completed", d.Claims)
 				}
@@ -273,11 +329,14 @@ func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 				if n := len(instances(t, e)); n != 0 != (k.kind == partition) {
 					t.Errorf("%d MIG instances with a %s claim prepared", n, k.name)
 				}
+				if got := e.imex.(*fakeIMEX).Running(); len(got) != 0 != (k.kind == gangDomain) {
+					t.Errorf("IMEX daemons running %v with a %s claim prepared", got, k.name)
+				}
 				if moved, _ := filepath.Glob(filepath.Join(e.dataDir, checkpoint.FileName+".corrupt-*")); len(moved) == 0 {
 					t.Error("the corrupted checkpoint was not kept aside")
 				}
-				if _, err := m.Prepare(ctx, claim("intruder", dev)); err == nil || !strings.Contains(err.Error(), "already prepared for claim default/crash") {
-					t.Errorf("another claim for %s: got %v, want refused as held by default/crash", dev, err)
+				if k.kind != gangDomain {
+					assertRefusedToAnother(t, m, dev)
 				}
 
 				next := claim("next", "gpu-1")
@@ -295,11 +354,16 @@ func TestAReloadCrashedAtAnyStepConvergesAfterRestart(t *testing.T) {
 	}
 }
 
-// newCrashEnv is a DGX H100 whose claims may run MPS daemons (recorded by a
-// fake that knows which are running).
+// newCrashEnv is a DGX H100 in a multi-node NVLink domain (the clique of a
+// GB200 tray's profile, so that it has IMEX channels) whose claims may run
+// MPS daemons and whose gang domain claims run IMEX daemons (each recorded
+// by a fake that knows which are running).
 func newCrashEnv(t *testing.T) *env {
-	e := newEnv(t, "dgx-h100")
+	p := fixtures.Profile(t, "dgx-h100")
+	p.Fabric = fixtures.Profile(t, "gb200-nvl72-tray").Fabric
+	e := newEnvFrom(t, p, true)
 	e.mps = &fakeMPS{dir: t.TempDir()}
+	e.imex = &fakeIMEX{}
 	return e
 }
 
@@ -385,15 +449,33 @@ func assertRestartSettledNothing(t *testing.T, logs string) {
 	}
 }
 
-// assertPrepared checks the claim is prepared exactly once, with what its
-// kind changes on the GPU, and returns its CDI device IDs.
-func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.ResourceClaim, k kind) []string {
+// assertHeld checks the claim is held in memory as prepared, as its kind
+// is recorded: with its one device, or as a domain claim with its IMEX
+// daemon.
+func assertHeld(t *testing.T, m *prepare.Manager, c *resourceapi.ResourceClaim, k kind) checkpoint.Claim {
 	t.Helper()
-	dev := c.Status.Allocation.Devices.Results[0].Device
 	got, ok := m.PreparedClaims()[c.UID]
+	if k == gangDomain {
+		if !ok || got.Phase != checkpoint.PrepareCompleted || !got.Domain || got.IMEX == nil || got.IMEX.Pod != imexPod(c.UID) {
+			t.Fatalf("claim in memory: %+v (present %v), want a prepared domain claim with its IMEX daemon %s", got, ok, imexPod(c.UID))
+		}
+		return got
+	}
+	dev := c.Status.Allocation.Devices.Results[0].Device
 	if !ok || got.Phase != checkpoint.PrepareCompleted || len(got.Devices) != 1 || got.Devices[0].Device != dev {
 		t.Fatalf("claim in memory: %+v (present %v), want %s prepared", got, ok, dev)
 	}
+	return got
+}
+
+// assertPrepared checks the claim is prepared exactly once, with what its
+// kind changes on the GPU and the daemons it runs, and returns its CDI
+// device IDs: those recorded, or for a domain claim (whose record keeps
+// none) those its spec serves.
+func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.ResourceClaim, k kind) []string {
+	t.Helper()
+	dev := c.Status.Allocation.Devices.Results[0].Device
+	got := assertHeld(t, m, c, k)
 	disk := load(t, e.dataDir)
 	if len(disk.Claims) != 1 || disk.Claims[string(c.UID)].Phase != checkpoint.PrepareCompleted {
 		t.Errorf("checkpoint on disk: %+v, want only this claim, completed", disk.Claims)
@@ -402,10 +484,19 @@ func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.Res
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ids []string
+	if k == gangDomain {
+		store = e.domainPreparer().CDI
+		if rec := disk.Claims[string(c.UID)]; !rec.Domain || rec.IMEX == nil || rec.IMEX.Pod != imexPod(c.UID) {
+			t.Errorf("checkpoint on disk records %+v, want a domain claim with its IMEX daemon %s", rec, imexPod(c.UID))
+		}
+		ids = specDeviceIDs(t, e.cdiDir)
+	} else {
+		ids = got.Devices[0].CDIDeviceIDs
+	}
 	if f := specFiles(t, e.cdiDir); len(f) != 1 || f[0] != store.Path(string(c.UID)) {
 		t.Errorf("CDI specs %v, want only %s", f, store.Path(string(c.UID)))
 	}
-	ids := got.Devices[0].CDIDeviceIDs
 	inject(t, e.cdiDir, ids...) // fails the test if the spec does not serve the IDs
 
 	insts := instances(t, e)
@@ -432,16 +523,43 @@ func assertPrepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.Res
 	if got := e.mps.(*fakeMPS).Running(); k == mps && !slices.Equal(got, []string{"tessera-mps-" + string(c.UID)}) || k != mps && len(got) != 0 {
 		t.Errorf("MPS daemons running %v with a %s claim prepared", got, kindName(k))
 	}
+	if got := e.imex.(*fakeIMEX).Running(); k == gangDomain && !slices.Equal(got, []string{imexPod(c.UID)}) || k != gangDomain && len(got) != 0 {
+		t.Errorf("IMEX daemons running %v with a %s claim prepared", got, kindName(k))
+	}
 
-	_, err = m.Prepare(context.Background(), claim("intruder", dev))
-	if err == nil || !strings.Contains(err.Error(), "already prepared for claim default/crash") {
-		t.Errorf("another claim for %s: got %v, want refused as held by default/crash", dev, err)
+	// The node does not hold a domain channel for one claim: the gang
+	// controller alone allocates channels, one per gang (docs/gang.md).
+	if k != gangDomain {
+		assertRefusedToAnother(t, m, dev)
 	}
 	return ids
 }
 
+// assertRefusedToAnother checks another claim for dev is refused while the
+// claim named crash holds it.
+func assertRefusedToAnother(t *testing.T, m *prepare.Manager, dev string) {
+	t.Helper()
+	_, err := m.Prepare(context.Background(), claim("intruder", dev))
+	if err == nil || !strings.Contains(err.Error(), "already prepared for claim default/crash") {
+		t.Errorf("another claim for %s: got %v, want refused as held by default/crash", dev, err)
+	}
+}
+
+// specDeviceIDs are the CDI device IDs the specs in dir serve.
+func specDeviceIDs(t *testing.T, dir string) []string {
+	t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := cache.GetErrors(); len(errs) != 0 {
+		t.Fatalf("CDI specs in %s: %v", dir, errs)
+	}
+	return cache.ListDevices()
+}
+
 // assertUnprepared checks nothing of the claim is left and its device is
-// usable by another claim.
+// usable by another claim (of its domain, for a domain claim).
 func assertUnprepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.ResourceClaim) {
 	t.Helper()
 	if got, ok := m.PreparedClaims()[c.UID]; ok {
@@ -452,7 +570,10 @@ func assertUnprepared(t *testing.T, e *env, m *prepare.Manager, c *resourceapi.R
 	ctx := context.Background()
 	dev := c.Status.Allocation.Devices.Results[0].Device
 	next := claim("next", dev)
-	if _, err := m.Prepare(ctx, next); err != nil {
+	if domain.Has(driverName, c) {
+		next = gangDomainClaim("next")
+	}
+	if _, err := e.prepareClaim(ctx, m, next); err != nil {
 		t.Fatalf("device %s not preparable by another claim: %v", dev, err)
 	}
 	if err := m.Unprepare(ctx, next.UID); err != nil {
@@ -486,6 +607,9 @@ func assertNodeClean(t *testing.T, e *env) {
 	}
 	if running := e.mps.(*fakeMPS).Running(); len(running) != 0 {
 		t.Errorf("MPS daemons left running: %v", running)
+	}
+	if running := e.imex.(*fakeIMEX).Running(); len(running) != 0 {
+		t.Errorf("IMEX daemons left running: %v", running)
 	}
 }
 

@@ -23,12 +23,26 @@ type fakeIMEX struct {
 	mu        sync.Mutex
 	started   []prepare.IMEXDaemon
 	stopped   []string
+	running   map[string]bool // by pod
 	failStart error
 	// off is a plugin without an IMEX image: it stops daemons, starts none.
 	off bool
 }
 
 func (f *fakeIMEX) Runs() bool { return !f.off }
+
+// Running lists the pods of the daemons started and not stopped since (a
+// daemon that failed to become ready runs all the same).
+func (f *fakeIMEX) Running() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for pod := range f.running {
+		out = append(out, pod)
+	}
+	slices.Sort(out)
+	return out
+}
 
 func (f *fakeIMEX) Locate(uid string) checkpoint.Daemon {
 	return checkpoint.Daemon{Pod: "tessera-imex-" + uid, Dir: "/imex/" + uid}
@@ -38,6 +52,10 @@ func (f *fakeIMEX) Start(_ context.Context, d prepare.IMEXDaemon) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.started = append(f.started, d)
+	if f.running == nil {
+		f.running = map[string]bool{}
+	}
+	f.running[d.Pod] = true
 	return f.failStart
 }
 
@@ -45,6 +63,7 @@ func (f *fakeIMEX) Stop(_ context.Context, d checkpoint.Daemon) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stopped = append(f.stopped, d.Pod)
+	delete(f.running, d.Pod)
 	return nil
 }
 

@@ -36,11 +36,11 @@ func TestAPrepareRetriedAfterAFailedCheckpointWriteSucceeds(t *testing.T) {
 				t.Run(fmt.Sprintf("write %d of a %s claim failing, retried by %s", n, k.name, retry), func(t *testing.T) {
 					e := newCrashEnv(t)
 					ctx := context.Background()
-					c := crashClaim("crash", k.device, k.config)
+					c := k.claim("crash")
 					other := e.start()
 					m, heal := e.startFailingWrite(n)
 
-					_, err := m.Prepare(ctx, c)
+					_, err := e.prepareClaim(ctx, m, c)
 					heal()
 					if err == nil {
 						t.Skipf("the prepare writes the checkpoint fewer than %d times", n)
@@ -58,7 +58,7 @@ func TestAPrepareRetriedAfterAFailedCheckpointWriteSucceeds(t *testing.T) {
 					case "a restart":
 						m = e.start()
 					}
-					devs, err := m.Prepare(ctx, c)
+					devs, err := e.prepareClaim(ctx, m, c)
 					if err != nil {
 						t.Fatalf("retried prepare: %v", err)
 					}
