@@ -99,8 +99,8 @@
 //   - Named failure points (failpoint_names.go), armed only in builds with
 //     the faultinject tag, let tests kill a prepare, an unprepare or a
 //     reload's rebuild after each step that changes the node (MIG
-//     partition, GPU setting, MPS daemon, CDI spec, checkpoint) and check
-//     that a restart converges.
+//     partition, GPU setting, MPS or IMEX daemon, CDI spec, checkpoint) and
+//     check that a restart converges.
 package prepare
 
 import (
