@@ -548,14 +548,35 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	// A member's own claim is the scheduler's to allocate, even annotated.
 	_, err = claims.UpdateStatus(ctx, allocate(annotated), metav1.UpdateOptions{})
 	expectRefusal(t, combo+": the controller allocates a GPU to its gang's member", err, "may only write the allocation of a domain claim")
-	// A domain channel, with its binding conditions, then their status
-	// (the synthetic resourceclaims/driver right), then cleared.
-	channel := allocate(annotated)
-	channel.Status.Allocation.Devices.Results[0].Pool = "domains/nvlink/clique-a"
-	channel.Status.Allocation.Devices.Results[0].Device = "channel-0"
-	channel.Status.Allocation.Devices.Results[0].BindingConditions = []string{gangdomain.ConditionMembersAllocated}
-	channel.Status.Allocation.Devices.Results[0].BindingFailureConditions = []string{gangdomain.ConditionPlacementFailed}
-	allocated, err := claims.UpdateStatus(ctx, channel, metav1.UpdateOptions{})
+	// A domain channel, with its binding conditions.
+	channelOn := func(c *resourceapi.ResourceClaim, request string) *resourceapi.ResourceClaim {
+		c = allocate(c)
+		res := &c.Status.Allocation.Devices.Results[0]
+		res.Request, res.Pool, res.Device = request, "domains/nvlink/clique-a", "channel-0"
+		res.BindingConditions = []string{gangdomain.ConditionMembersAllocated}
+		res.BindingFailureConditions = []string{gangdomain.ConditionPlacementFailed}
+		return c
+	}
+	// Nor can it take the claim over with a channel: its token writes the
+	// status of domain claims only, whatever the annotations say.
+	_, err = claims.UpdateStatus(ctx, channelOn(annotated, "gpu"), metav1.UpdateOptions{})
+	expectRefusal(t, combo+": the controller puts a channel on a claim that asks for a GPU", err, "may only write the status of a domain claim")
+	// Its gang's domain claim: allocated, its binding conditions' status
+	// set (the synthetic resourceclaims/driver right), then cleared.
+	dc, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "train-domain", Namespace: namespace},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "domain", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: gangv1.DomainClass}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.Annotations = map[string]string{gangv1.AnnotationGang: namespace + "/train", gangv1.AnnotationPlacement: "p-1", gangv1.AnnotationNodes: "node-a"}
+	if dc, err = claims.Update(ctx, dc, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("%s: the controller cannot annotate its gang's domain claim as controller/gang does: %v", combo, err)
+		return
+	}
+	allocated, err := claims.UpdateStatus(ctx, channelOn(dc, "domain"), metav1.UpdateOptions{})
 	if err != nil {
 		t.Errorf("%s: the controller cannot allocate its gang's domain channel: %v", combo, err)
 		return
