@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/domain"
 )
 
@@ -31,8 +32,9 @@ import (
 // allocated and reserved for it: only the scheduler allocates them, so
 // this is the scheduler's word that the whole placement fits as it planned.
 // It is a no-op for a claim that awaits no condition (written without
-// binding conditions, or already allowed).
-func (r *reconciler) bindTogether(ctx context.Context, dc *resourceapi.ResourceClaim, in []*member) error {
+// binding conditions, or already allowed), and for one that is not gang
+// g's for placement id (setChannelCondition).
+func (r *reconciler) bindTogether(ctx context.Context, g *gangv1.Gang, id string, dc *resourceapi.ResourceClaim, in []*member) error {
 	if dc == nil || !awaits(dc) || !allAllocated(in) {
 		return nil
 	}
@@ -40,7 +42,7 @@ func (r *reconciler) bindTogether(ctx context.Context, dc *resourceapi.ResourceC
 		return errInterrupted
 	}
 	msg := fmt.Sprintf("the claims of all %d members are allocated", len(in))
-	if err := setChannelCondition(ctx, r.client, dc, domain.ConditionMembersAllocated, "MembersAllocated", msg); err != nil {
+	if err := setChannelCondition(ctx, r.client, g, id, dc, domain.ConditionMembersAllocated, "MembersAllocated", msg); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).V(2).Info("Every member's claims are allocated; the members may bind", "claim", klog.KObj(dc), "members", len(in))
@@ -65,12 +67,13 @@ func allAllocated(in []*member) bool {
 
 // failBinding sets ConditionPlacementFailed on a domain claim whose members
 // still wait to bind: the scheduler's binding cycles of those members fail
-// at their next poll and nothing of the placement starts.
-func failBinding(ctx context.Context, client kubernetes.Interface, dc *resourceapi.ResourceClaim, why string) error {
+// at their next poll and nothing of the placement starts. Only gang g's
+// claim for placement id (setChannelCondition).
+func failBinding(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang, id string, dc *resourceapi.ResourceClaim, why string) error {
 	if dc == nil || !awaits(dc) {
 		return nil
 	}
-	return setChannelCondition(ctx, client, dc, domain.ConditionPlacementFailed, "PlacementFailed", why)
+	return setChannelCondition(ctx, client, g, id, dc, domain.ConditionPlacementFailed, "PlacementFailed", why)
 }
 
 // awaits says whether the claim's channel was written with the gang's
@@ -110,7 +113,13 @@ func reservedForPod(c *resourceapi.ResourceClaim, p *v1.Pod) bool {
 // status of the claim (as read fresh from the API server), keeping the
 // allocation it was decided on: a claim cleared or allocated again
 // meanwhile is left alone.
-func setChannelCondition(ctx context.Context, client kubernetes.Interface, dc *resourceapi.ResourceClaim, cond, reason, msg string) error {
+//
+// The claim must be gang g's (annotation gangv1.AnnotationGang) and written
+// for placement id (gangv1.AnnotationPlacement), as read fresh: a gang's
+// spec.domainClaimName is the user's word and may name another gang's
+// domain claim, whose members must neither be let bind before they are all
+// allocated nor be failed.
+func setChannelCondition(ctx context.Context, client kubernetes.Interface, g *gangv1.Gang, id string, dc *resourceapi.ResourceClaim, cond, reason, msg string) error {
 	claims := client.ResourceV1().ResourceClaims(dc.Namespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		c, err := claims.Get(ctx, dc.Name, metav1.GetOptions{})
@@ -120,7 +129,11 @@ func setChannelCondition(ctx context.Context, client kubernetes.Interface, dc *r
 		if err != nil {
 			return err
 		}
-		if c.UID != dc.UID || c.Status.Allocation == nil || dc.Status.Allocation == nil ||
+		if c.UID != dc.UID || c.Annotations[gangv1.AnnotationGang] != g.Namespace+"/"+g.Name || id == "" || c.Annotations[gangv1.AnnotationPlacement] != id {
+			klog.FromContext(ctx).V(2).Info("Not setting a condition on a domain claim of another gang or placement", "claim", klog.KObj(c), "condition", cond, "placement", id)
+			return nil
+		}
+		if c.Status.Allocation == nil || dc.Status.Allocation == nil ||
 			!c.Status.Allocation.AllocationTimestamp.Equal(dc.Status.Allocation.AllocationTimestamp) || !awaits(c) {
 			return nil
 		}

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,13 @@ import (
 // channel status.
 func (f *fakeCluster) channelCondition(cond string) bool {
 	f.t.Helper()
-	for _, d := range f.claim("ml", "domain").Status.Devices {
+	return f.channelConditionOf("domain", cond)
+}
+
+// channelConditionOf is channelCondition of domain claim ml/name.
+func (f *fakeCluster) channelConditionOf(name, cond string) bool {
+	f.t.Helper()
+	for _, d := range f.claim("ml", name).Status.Devices {
 		if apimeta.IsStatusConditionTrue(d.Conditions, cond) {
 			return true
 		}
@@ -138,5 +145,55 @@ func TestOnlyTheControllerAllocatesADomainChannel(t *testing.T) {
 	res, err := cluster.AllocateOnNode(t.Context(), nodes["a1"], domain.Tolerating(claim))
 	if err != nil || len(res) != 1 {
 		t.Fatalf("tolerating the taint: %v, %v; want a channel", res, err)
+	}
+}
+
+// A gang's spec.domainClaimName may name another gang's domain claim: the
+// controller neither lets that gang's members bind (they are not all
+// allocated) nor fails its placement on this gang's account. Two gangs of
+// four in two cliques; g2 is placed and allocated, then pointed at g1's
+// claim, and then loses a member.
+func TestAGangCannotOpenOrFailAnotherGangsBarrier(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2})
+	f := newFakeCluster(t, snap, nodes)
+	for _, g := range []string{"g1", "g2"} {
+		f.create(newClaim(g+"-domain", "domain.gpu.tessera.dev", 1))
+		for i := range 4 {
+			f.memberOf(fmt.Sprintf("%s-m%d", g, i), g+"-domain", map[string]string{"gang": g}, 1, nil)
+		}
+		if _, err := f.r.gangs.Create(f.ctx, labelGangOf(g, 4, g+"-domain")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.reconcileOK("g1")
+	f.reconcileOK("g2")
+	if f.claim("ml", "g1-domain").Status.Allocation == nil || f.claim("ml", "g2-domain").Status.Allocation == nil {
+		t.Fatal("both gangs should be placed, one per clique")
+	}
+	f.allocateReleased("g2-m0", "g2-m1", "g2-m2", "g2-m3")
+	g2 := f.gang("ml", "g2")
+	g2.Spec.DomainClaimName = "g1-domain"
+	if _, err := f.r.gangs.Update(f.ctx, g2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "g2"); err != nil {
+		t.Fatal(err)
+	}
+	if f.channelConditionOf("g1-domain", domain.ConditionMembersAllocated) {
+		t.Errorf("g2 let g1's members bind, none of which is allocated")
+	}
+	// g2 loses a member: the lost path fails a binding, not g1's.
+	f.deleteObject("pods", "g2-m0")
+	if _, err := f.reconcile("ml", "g2"); err != nil {
+		t.Fatal(err)
+	}
+	if f.channelConditionOf("g1-domain", domain.ConditionPlacementFailed) {
+		t.Errorf("g2 failed g1's placement")
+	}
+	// g1's own barrier still opens once its members are allocated.
+	f.allocateReleased("g1-m0", "g1-m1", "g1-m2", "g1-m3")
+	f.reconcileOK("g1")
+	if !f.channelConditionOf("g1-domain", domain.ConditionMembersAllocated) {
+		t.Errorf("g1's members are all allocated, yet its channel does not let them bind")
 	}
 }

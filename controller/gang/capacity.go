@@ -16,8 +16,10 @@ import (
 // to a node without room would stay Pending while holding its devices.
 type capacity map[string]v1.ResourceList
 
-// newCapacity counts the nodes' room. Pods released but not bound yet are
-// not counted: the scheduler's own race, as between two schedulers.
+// newCapacity counts the nodes' room: what bound pods request, and what
+// members the controller released and pinned to a node (pinnedNode) will
+// request there once the scheduler binds them, so that no second placement
+// is planned into room a first one was promised.
 func newCapacity(nodes map[string]*v1.Node, pods []*v1.Pod) capacity {
 	c := capacity{}
 	for name, n := range nodes {
@@ -27,10 +29,14 @@ func newCapacity(nodes map[string]*v1.Node, pods []*v1.Pod) capacity {
 		}
 	}
 	for _, p := range pods {
-		if p.Spec.NodeName == "" || finished(p) || c[p.Spec.NodeName] == nil {
+		node := p.Spec.NodeName
+		if node == "" {
+			node = pinnedNode(p)
+		}
+		if node == "" || finished(p) || c[node] == nil {
 			continue
 		}
-		c.take(p.Spec.NodeName, requests(p))
+		c.take(node, requests(p))
 	}
 	return c
 }

@@ -118,6 +118,7 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 			gv.grow = append(gv.grow, n)
 		}
 	}
+	gv.pins = pendingPins(pods, snap.Claims, gv.has)
 	p, _, err := searchIn(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), gv, []candidate{cand})
 	if err != nil || p == nil || len(p.members) == 0 {
 		return result{}, err

@@ -109,6 +109,9 @@ type view struct {
 	// pods in and wait for: this gang is not placed there meanwhile. The
 	// value says so in the gang's NoDomainFits message.
 	held map[string]string
+	// pins are other placements' released members the scheduler has not
+	// bound yet (pendingPins): a search takes their devices first.
+	pins []pin
 }
 
 // claimGetter looks claims up (an informer's lister).
@@ -158,6 +161,9 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 			v.pending = fmt.Sprintf("domain claim %s/%s: %v; create it (class domain.gpu.tessera.dev)", g.Namespace, g.Spec.DomainClaimName, err)
 		}
 		v.domainClaim = c
+		if why := notADomainClaim(c); why != "" && v.invalid == "" {
+			v.invalid = why
+		}
 	}
 	keep := ""
 	if v.elastic {
@@ -166,6 +172,30 @@ func observe(g *gangv1.Gang, members gangv1.Members, pods []*v1.Pod, getClaim cl
 	_, most := gangv1.Bounds(&g.Spec)
 	v.rank(g.Spec.Roles, keep, int(most))
 	return v
+}
+
+// notADomainClaim says why c cannot be a gang's domain claim: the
+// controller allocates a domain claim itself, and only a domain channel,
+// so every request must ask exactly for a device of class
+// gangv1.DomainClass; "" when it does (or c is nil). Anything else (a GPU
+// asked in a claim named as the domain) is the scheduler's to allocate.
+func notADomainClaim(c *resourceapi.ResourceClaim) string {
+	if c == nil {
+		return ""
+	}
+	if len(c.Spec.Devices.Requests) == 0 {
+		return fmt.Sprintf("domain claim %s/%s requests nothing: spec.domainClaimName must name a claim with one request exactly of class %s", c.Namespace, c.Name, gangv1.DomainClass)
+	}
+	for i, r := range c.Spec.Devices.Requests {
+		if r.Exactly == nil || r.Exactly.DeviceClassName != gangv1.DomainClass {
+			class := "a list of alternatives (firstAvailable)"
+			if r.Exactly != nil {
+				class = "class " + r.Exactly.DeviceClassName
+			}
+			return fmt.Sprintf("domain claim %s/%s asks in spec.devices.requests[%d] (%s) for %s: spec.domainClaimName must name a claim whose every request is exactly of class %s; request GPUs in the members' own claims", c.Namespace, c.Name, i, r.Name, class, gangv1.DomainClass)
+		}
+	}
+	return ""
 }
 
 // startWhole makes an elastic gang's start need every live member, as a

@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -38,7 +39,9 @@ func TestAPodGroupsClaimIsTheGangsSharedDomainClaim(t *testing.T) {
 	a, b := podGroupMember("a", "a-gpus"), podGroupMember("b", "b-gpus")
 	other := podGroupMember("c", "c-gpus")
 	other.Spec.SchedulingGroup.PodGroupName = ptr.To("eval")
-	claims := map[string]*resourceapi.ResourceClaim{"train-domain-abcde": {ObjectMeta: metav1.ObjectMeta{Name: "train-domain-abcde"}}}
+	claims := map[string]*resourceapi.ResourceClaim{"train-domain-abcde": {ObjectMeta: metav1.ObjectMeta{Name: "train-domain-abcde"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "domain", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: gangv1.DomainClass}}}}}}}
 	for _, p := range []*v1.Pod{a, b, other} {
 		name := *p.Status.ResourceClaimStatuses[0].ResourceClaimName
 		claims[name] = &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: []metav1.OwnerReference{{
@@ -99,5 +102,32 @@ func TestAReleasedMemberUnschedulablePastTheGraceIsLost(t *testing.T) {
 	lost, _, _ = r.stuck([]*member{pending("old", 61*time.Second, v1.PodReasonUnschedulable)}, now)
 	if len(lost) != 1 || !strings.Contains(lost[0], "member old cannot be scheduled on the node it was placed on: 0/5 nodes are available: 1 Insufficient cpu") {
 		t.Errorf("lost %v, want member old named with the scheduler's reason", lost)
+	}
+}
+
+// A claim named as the gang's domain claim that asks for a GPU is not a
+// domain claim: the gang is invalid, naming the request and the fix, and
+// the controller writes nothing to it (only the scheduler allocates GPUs;
+// a GPU written beside it would be held twice).
+func TestADomainClaimThatAsksForAGPUMakesTheGangInvalid(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.create(newClaim("domain", "gpu.tessera.dev", 1))
+	f.member("m-0", map[string]string{"gang": "g"}, 1)
+	if _, err := f.r.gangs.Create(f.ctx, labelGangOf("g", 1, "domain")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	if a := f.claim("ml", "domain").Status.Allocation; a != nil {
+		t.Errorf("the controller allocated the claim of class gpu.tessera.dev: %+v", a.Devices.Results)
+	}
+	c := meta.FindStatusCondition(f.gang("ml", "g").Status.Conditions, gangv1.ConditionWaiting)
+	if c == nil || c.Reason != gangv1.ReasonInvalid || !strings.Contains(c.Message, "spec.devices.requests[0]") || !strings.Contains(c.Message, "class gpu.tessera.dev") {
+		t.Errorf("Waiting condition %+v, want InvalidGang naming the request and its class", c)
+	}
+	if p := f.pod("ml", "m-0"); len(p.Spec.SchedulingGates) == 0 {
+		t.Errorf("member m-0 released for an invalid gang")
 	}
 }

@@ -215,6 +215,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		v.imexBusy = imexUnusable(snap.Claims, r.driver, v.domainClaim.UID, nodes)
 	}
 	r.holds(g, v)
+	v.pins = pendingPins(pods, snap.Claims, v.has)
 	p, verdicts, err := search(ctx, snap, r.driver, nodes, newCapacity(nodes, pods), v)
 	if err != nil {
 		return result{}, err
@@ -449,7 +450,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		if err != nil {
 			return true, result{}, err
 		}
-		if err := r.bindTogether(ctx, v.domainClaim, in); err != nil {
+		if err := r.bindTogether(ctx, g, id, v.domainClaim, in); err != nil {
 			return true, result{requeueAfter: time.Second}, err
 		}
 		if err := r.handingOff(ctx, g, in, st); err != nil {
@@ -511,7 +512,7 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 	// Members waiting in the scheduler to bind give up first: none of them
 	// starts. Gated members hold nothing (only the scheduler allocates
 	// their claims, after their release).
-	if err := failBinding(ctx, r.client, v.domainClaim, msg); err != nil {
+	if err := failBinding(ctx, r.client, g, id, v.domainClaim, msg); err != nil {
 		return true, result{requeueAfter: time.Second}, err
 	}
 	err := byRoleLastFirst(in, func(m *member) error {
