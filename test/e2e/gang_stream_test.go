@@ -417,7 +417,9 @@ func (e gangEnv) waitWhole(ctx context.Context, t *testing.T, ns, name string, s
 	var pods []corev1.Pod
 	// Bounded by the Job controller's backoff after a repair (see the Job
 	// above), not by the gang controller.
-	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 6*time.Minute, true, func(ctx context.Context) (bool, error) {
+	// The reads use the test's context, not the poll's, whose deadline
+	// would fail them before the report below says why.
+	err := wait.PollUntilContextTimeout(ctx, 300*time.Millisecond, 6*time.Minute, true, func(context.Context) (bool, error) {
 		g = e.gs.get(ctx, t, ns, name)
 		id := g.Annotations[gangv1.AnnotationCommitted]
 		list, err := e.c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobName + "=" + name})
