@@ -61,6 +61,20 @@ func churnTrials(t *testing.T) int {
 	return n
 }
 
+// churnFirst is the first trial's number: TESSERA_CHURN_FIRST, 0 by
+// default (to run again a trial that failed, with its kill and shape).
+func churnFirst(t *testing.T) int {
+	v := os.Getenv("TESSERA_CHURN_FIRST")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("TESSERA_CHURN_FIRST=%q: want a trial number, 0 or more", v)
+	}
+	return n
+}
+
 // churnKills are the steps at which a trial kills the controller, in turn
 // (none first): a crash between the search and the commit (the restarted
 // controller rolls the placement back), between the commit and the
@@ -115,7 +129,8 @@ const (
 //     stopped); a member bound ran;
 //   - once the stream stops, the gang runs whole in clique A.
 func (e gangEnv) smallPodStream(ctx context.Context, t *testing.T) {
-	for trial := range churnTrials(t) {
+	first := churnFirst(t)
+	for trial := first; trial < first+churnTrials(t); trial++ {
 		kill := churnKills[trial%len(churnKills)]
 		shape := churnShapes[trial%len(churnShapes)]
 		name := fmt.Sprintf("trial-%d-%s", trial, shape)
