@@ -22,6 +22,7 @@ import (
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/controller/gang"
+	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/test/gpunode"
 )
 
@@ -88,8 +89,9 @@ type churnShape string
 const (
 	// shapeFixed: a gang of exactly 8.
 	shapeFixed churnShape = "fixed"
-	// shapeElastic: minSize 4, maxSize 8: it starts with what fits of the
-	// clique beside the stream and grows as small pods end.
+	// shapeElastic: minSize 4, maxSize 8, in a domain of at least 8 GPUs:
+	// it starts with what fits of the clique beside the stream and grows as
+	// small pods end.
 	shapeElastic churnShape = "elastic"
 	// shapePreempt: a gang of 7 of priority 100 runs in the clique first,
 	// leaving 7 GPUs for the stream and the gang of 8 of priority 1000; the
@@ -212,10 +214,19 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string,
 	if kill != "" {
 		dying = e.restartController(t, func(step string) bool { return step == kill && !killed.Swap(true) })
 	}
+	// An elastic gang may start in any domain with room for its minimum,
+	// and grows only there: its domain claim asks for one that can hold
+	// all eight (clique A; clique B's one tray has four GPUs).
+	domainName := "g-domain"
+	if shape == shapeElastic {
+		domainName = "whole-domain"
+		noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, domainName,
+			fmt.Sprintf(`device.attributes["%s"].%s >= %d`, gpunode.DriverName, domain.AttrGPUs, streamGangSize)), metav1.CreateOptions{})))
+	}
 	began, before := time.Now(), s.created.Load()
 	train := &gangv1.Gang{
 		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns},
-		Spec: gangv1.GangSpec{Size: streamGangSize, DomainClaimName: "g-domain",
+		Spec: gangv1.GangSpec{Size: streamGangSize, DomainClaimName: domainName,
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{jobName: "train"}}},
 	}
 	if shape == shapeElastic {
@@ -227,7 +238,7 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string,
 	// podFailurePolicy ignores: 10 s doubled per failure, up to 10 minutes
 	// before it recreates any. Per-index limits back off each index on its
 	// own failures (one each), as docs/gang.md advises for gangs of Jobs.
-	job := indexedJob(ns, "train", streamGangSize, "one-gpu", "g-domain")
+	job := indexedJob(ns, "train", streamGangSize, "one-gpu", domainName)
 	job.Spec.BackoffLimitPerIndex = ptr.To(int32(100))
 	if shape == shapePreempt {
 		job.Spec.Template.Spec.PriorityClassName = fmt.Sprintf("tessera-e2e-%d", trainGangPriority)
