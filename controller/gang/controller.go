@@ -96,16 +96,13 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 	slices := factory.Resource().V1().ResourceSlices()
 	gangs := dynFactory.ForResource(gangv1.GroupVersionResource)
 	budgets := factory.Policy().V1().PodDisruptionBudgets()
-	reservations := !opts.NoReservations
-	if reservations {
-		served, err := taintRulesServed(client.Discovery())
-		if err != nil {
-			return nil, err
-		}
-		if !served {
-			klog.FromContext(ctx).Info("The API server does not serve DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): gangs that must wait reserve nothing")
-			reservations = false
-		}
+	rulesServed, err := taintRulesServed(client.Discovery())
+	if err != nil {
+		return nil, err
+	}
+	reservations := !opts.NoReservations && rulesServed
+	if !opts.NoReservations && !rulesServed {
+		klog.FromContext(ctx).Info("The API server does not serve DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): gangs that must wait reserve nothing")
 	}
 	c := &Controller{
 		r: &reconciler{
@@ -157,14 +154,29 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 			DeleteFunc: func(any) { c.enqueueAll() },
 		}},
 	}
-	if reservations {
+	if rulesServed {
 		rules := factory.Resource().V1().DeviceTaintRules()
-		c.r.taintRules = rules.Lister()
-		// Only read through its lister (the reservations' rules).
+		if reservations {
+			c.r.taintRules = rules.Lister() // the reservations' own rules
+		}
+		// Placement reads every other rule from the API server (List); a
+		// change to one (a drain ending) may let a waiting gang fit.
+		changed := func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if rule, ok := obj.(*resourceapi.DeviceTaintRule); !ok || !reservationRule(rule) {
+				c.enqueueAll()
+			}
+		}
 		handlers = append(handlers, struct {
 			inf cache.SharedIndexInformer
 			h   cache.ResourceEventHandler
-		}{rules.Informer(), cache.ResourceEventHandlerFuncs{}})
+		}{rules.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    changed,
+			UpdateFunc: func(_, o any) { changed(o) },
+			DeleteFunc: changed,
+		}})
 	}
 	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandlerWithResyncPeriod(h.h, opts.Resync)

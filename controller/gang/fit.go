@@ -190,7 +190,7 @@ func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nod
 	var best *plan
 	bestExcess := 0
 	for _, cand := range cands {
-		sub := &simulate.Snapshot{Classes: snap.Classes, Claims: snap.Claims, Slices: poolSlices[cand.pool]}
+		sub := &simulate.Snapshot{Classes: snap.Classes, Claims: snap.Claims, Rules: snap.Rules, Slices: poolSlices[cand.pool]}
 		for _, n := range cand.nodes {
 			sub.Slices = append(sub.Slices, nodeSlices[n]...)
 		}
@@ -199,7 +199,7 @@ func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nod
 			return nil, nil, err
 		}
 		l := lay.fresh()
-		p, vd, err := fitDomain(ctx, cluster, cand, nodes, room.of(cand.nodes), v, l)
+		p, vd, err := fitDomain(ctx, cluster, sub, cand, nodes, room.of(cand.nodes), v, l)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -235,8 +235,10 @@ func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nod
 // layout, the nodes of the least used topology values come first (and,
 // Required, values at the limit are left out). A node found full for one
 // shape of claims is not tried again for that shape, so the search is
-// linear in members plus nodes (times log nodes, spreading).
-func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, nodes map[string]*v1.Node, room capacity, v *view, lay *layout) (*plan, verdict, error) {
+// linear in members plus nodes (times log nodes, spreading). sub holds the
+// domain's slices, as the cluster was made from them, and the rules that
+// tainted them: what a claim that fits nowhere is told.
+func fitDomain(ctx context.Context, cluster *simulate.Cluster, sub *simulate.Snapshot, cand candidate, nodes map[string]*v1.Node, room capacity, v *view, lay *layout) (*plan, verdict, error) {
 	vd := verdict{pool: cand.pool}
 	var usable []*v1.Node
 	for _, name := range cand.nodes {
@@ -255,7 +257,8 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			return nil, vd, fmt.Errorf("domain %s: allocate domain claim %s/%s: %w", cand.pool, v.domainClaim.Namespace, v.domainClaim.Name, err)
 		}
 		if res == nil {
-			vd.lacks = fmt.Sprintf("no free channel matches domain claim %s (all taken by other gangs, or its selectors rule this domain out)", v.domainClaim.Name)
+			vd.lacks = fmt.Sprintf("no free channel matches domain claim %s (all taken by other gangs, or its selectors rule this domain out)%s",
+				v.domainClaim.Name, untolerated(sub.Rules, domainSlices(sub.Slices), domain.Tolerating(v.domainClaim)))
 			return nil, vd, nil
 		}
 		cluster.Commit(res...)
@@ -311,7 +314,8 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, cand candidate, n
 			break
 		}
 		if !placed {
-			why := fmt.Sprintf("no node left for member %s (%s), whose claims need %s%s%s", m.ref(), m.describeRank(), describeClaims(m.claims), short, lay.lacks(usable))
+			why := fmt.Sprintf("no node left for member %s (%s), whose claims need %s%s%s%s", m.ref(), m.describeRank(), describeClaims(m.claims), short, lay.lacks(usable),
+				untolerated(sub.Rules, nodeSlicesOf(sub.Slices, usable), m.claims...))
 			if !v.elastic {
 				vd.placed = len(p.nodes)
 				vd.lacks = fmt.Sprintf("room for %d of %d members; %s", len(p.nodes), len(v.live), why)
@@ -355,6 +359,67 @@ func podFits(pod *v1.Pod, n *v1.Node) bool {
 		}
 	}
 	return true
+}
+
+// untolerated names, as a clause of a no-fit message, the taints on the
+// devices of slices that a request of claims does not tolerate (an
+// administrator's DeviceTaintRule, a health taint): the allocator skips
+// those devices for it, as the scheduler's does. "" when there are none.
+func untolerated(rules []*resourceapi.DeviceTaintRule, slices []*resourceapi.ResourceSlice, claims ...*resourceapi.ResourceClaim) string {
+	seen := map[string]bool{}
+	var taints []string
+	add := func(tols []resourceapi.DeviceToleration) {
+		for _, t := range simulate.Untolerated(slices, rules, tols) {
+			if !seen[t] {
+				seen[t] = true
+				taints = append(taints, t)
+			}
+		}
+	}
+	for _, c := range claims {
+		for _, r := range c.Spec.Devices.Requests {
+			if r.Exactly != nil {
+				add(r.Exactly.Tolerations)
+			}
+			for _, sub := range r.FirstAvailable {
+				add(sub.Tolerations)
+			}
+		}
+	}
+	if len(taints) == 0 {
+		return ""
+	}
+	sort.Strings(taints)
+	if len(taints) > 3 {
+		taints = append(taints[:3], fmt.Sprintf("%d more", len(taints)-3))
+	}
+	return "; devices there carry taints its claims do not tolerate: " + strings.Join(taints, ", ")
+}
+
+// domainSlices are the slices of multi-node pools (the domain's channels).
+func domainSlices(slices []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	var out []*resourceapi.ResourceSlice
+	for _, s := range slices {
+		if s.Spec.NodeName == nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// nodeSlicesOf are the slices of these nodes' own pools.
+func nodeSlicesOf(slices []*resourceapi.ResourceSlice, nodes []*v1.Node) []*resourceapi.ResourceSlice {
+	on := map[string]bool{}
+	for _, n := range nodes {
+		on[n.Name] = true
+	}
+	var out []*resourceapi.ResourceSlice
+	for _, s := range slices {
+		if s.Spec.NodeName != nil && on[*s.Spec.NodeName] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // shapeOf keys claims by what they ask for: members with equal shapes fit

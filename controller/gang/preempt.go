@@ -204,7 +204,7 @@ func (pr *preemptor) plan(ctx context.Context, cand candidate, units []unit) (*p
 			gone[p.UID] = true
 		}
 	}
-	snap := &simulate.Snapshot{Classes: pr.snap.Classes, Slices: pr.snap.Slices}
+	snap := &simulate.Snapshot{Classes: pr.snap.Classes, Slices: pr.snap.Slices, Rules: pr.snap.Rules}
 	for _, c := range pr.snap.Claims {
 		if !pr.freed(c, gone) {
 			snap.Claims = append(snap.Claims, c)

@@ -57,7 +57,7 @@ func (f *fakeCluster) allocateReleased(names ...string) {
 			if c.Status.Allocation != nil {
 				continue
 			}
-			snap, err := simulate.List(f.ctx, f.client)
+			snap, err := simulate.List(f.ctx, f.client, nil)
 			if err != nil {
 				f.t.Fatal(err)
 			}
@@ -103,7 +103,7 @@ func (f *fakeCluster) runningPod(name, node string, gpus int64, priority int32, 
 	for _, e := range edit {
 		e(pod, claim)
 	}
-	snap, err := simulate.List(f.ctx, f.client)
+	snap, err := simulate.List(f.ctx, f.client, nil)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -35,6 +35,26 @@ import (
 // recomputed from the API on every look: a crash at any step leaves rules
 // that the next look keeps or deletes.
 
+// reservationRule says whether a DeviceTaintRule is one of the controller's
+// reservations: labelled LabelReservation and tainting with one of the two
+// reservation keys. The slices that placement, the re-check before and
+// after the writes, preemption and the reservation search see (List) carry
+// the taints of every other rule, an administrator's maintenance drain as
+// the scheduler applies it, but not these: a reservation is modelled once,
+// by the controller itself. The gang it holds for is placed in it as if it
+// were not there (handOff gives it to the members that tolerate it, or
+// deletes it before they reach the scheduler); other gangs keep out of its
+// domain by priority (heldDomains), from status.reservation; backfill is
+// judged by reserveIn. As taints as well, a reservation would keep its own
+// gang out and hold against gangs of higher priority, which heldDomains
+// lets in.
+func reservationRule(rule *resourceapi.DeviceTaintRule) bool {
+	if _, ok := rule.Labels[gangv1.LabelReservation]; !ok {
+		return false
+	}
+	return rule.Spec.Taint.Key == gangv1.TaintReserved || rule.Spec.Taint.Key == gangv1.TaintReservationStarted
+}
+
 // reservationWaitCap bounds the pods listed in a reservation's status.
 const reservationWaitCap = gangv1.MaxPreemptionVictims
 

@@ -287,6 +287,9 @@ func TestTheLeaderSweepsTheRulesOfGangsThatAreGone(t *testing.T) {
 	}
 	unrelated := orphan.DeepCopy()
 	unrelated.Name, unrelated.Labels = "an-administrators-rule", nil
+	// On tray b2, which is full anyway: placement applies it.
+	unrelated.Spec.DeviceSelector.Pool = ptr.To("b2")
+	unrelated.Spec.Taint = resourceapi.DeviceTaint{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, unrelated, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
 )
 
 // This file finds released members that will never run where they were
@@ -85,8 +86,12 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 	if len(late) == 0 {
 		return nil, nil, nil, recheck, nil
 	}
-	// Rare and worth a fresh read: what the API server holds now.
-	snap, nodes, _, err := r.cluster(ctx)
+	// Rare and worth a fresh read: what the API server holds now. Claims
+	// allocated already are judged against the slices as published: a
+	// DeviceTaintRule added since keeps new claims off a device, and
+	// neither makes the kubelet plugin refuse one that holds it nor evicts
+	// (the upstream device-taint eviction controller evicts for NoExecute).
+	snap, nodes, _, err := r.cluster(ctx, simulate.EveryRule)
 	if err != nil {
 		return nil, nil, nil, 0, err
 	}

@@ -66,7 +66,7 @@ func Explain(ctx context.Context, w io.Writer, client kubernetes.Interface, name
 		}
 		return nil
 	}
-	snap, err := simulate.List(ctx, client)
+	snap, err := simulate.List(ctx, client, nil)
 	if err != nil {
 		return err
 	}
