@@ -21,9 +21,10 @@ func newExplainCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "explain CLAIM",
 		Short: "Say why a ResourceClaim is not allocated, node by node",
-		Long: "Runs the scheduler's own allocator against the live ResourceSlices and every\n" +
-			"allocated claim, and reports for each node whether the claim fits and, if not,\n" +
-			"what the closest node lacks: devices matching a request, free ones, or a constraint.",
+		Long: "Runs the scheduler's own allocator against the live ResourceSlices, tainted by the\n" +
+			"DeviceTaintRules as the scheduler taints them, and every allocated claim, and reports\n" +
+			"for each node whether the claim fits and, if not, what the closest node lacks: devices\n" +
+			"matching a request, ones whose taints it tolerates, free ones, or a constraint.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -66,21 +67,23 @@ func Explain(ctx context.Context, w io.Writer, client kubernetes.Interface, name
 		}
 		return nil
 	}
+	// Every DeviceTaintRule applies, the gang controller's reservations
+	// included: this is the scheduler's view.
 	snap, err := simulate.List(ctx, client, nil)
 	if err != nil {
 		return err
 	}
-	nodes := map[string]bool{}
+	nodes := map[string][]*resourceapi.ResourceSlice{}
 	for _, s := range snap.Slices {
 		if s.Spec.NodeName != nil {
-			nodes[*s.Spec.NodeName] = true
+			nodes[*s.Spec.NodeName] = append(nodes[*s.Spec.NodeName], s)
 		}
 	}
 	live := snap.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return c.UID == claim.UID })
-	empty := simulate.New(snap.Classes, snap.Slices)
+	views := explainViews{live: live, empty: simulate.New(snap.Classes, snap.Slices), bare: simulate.New(snap.Classes, untainted(snap.Slices)), rules: snap.Rules}
 	var verdicts []nodeVerdict
-	for node := range nodes {
-		v, err := explainNode(ctx, live, empty, node, claim)
+	for node, slices := range nodes {
+		v, err := explainNode(ctx, views, node, slices, claim)
 		if err != nil {
 			return err
 		}
@@ -106,11 +109,44 @@ func Explain(ctx context.Context, w io.Writer, client kubernetes.Interface, name
 	return nil
 }
 
-// explainNode checks the claim on one node, then each request alone: how
-// many devices match it at all (on an empty node) and how many are free.
-func explainNode(ctx context.Context, live, empty *simulate.Cluster, node string, claim *resourceapi.ResourceClaim) (nodeVerdict, error) {
+// explainViews are the allocator's views an explanation compares.
+type explainViews struct {
+	// live is the cluster as the scheduler sees it: tainted slices, every
+	// other allocated claim taken.
+	live *simulate.Cluster
+	// empty is the tainted slices with nothing allocated.
+	empty *simulate.Cluster
+	// bare is the slices without any taint, nothing allocated.
+	bare *simulate.Cluster
+	// rules tainted the slices.
+	rules []*resourceapi.DeviceTaintRule
+}
+
+// untainted copies slices without their devices' taints.
+func untainted(slices []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	out := make([]*resourceapi.ResourceSlice, len(slices))
+	for i, s := range slices {
+		out[i] = s
+		for _, d := range s.Spec.Devices {
+			if len(d.Taints) > 0 {
+				out[i] = s.DeepCopy()
+				for j := range out[i].Spec.Devices {
+					out[i].Spec.Devices[j].Taints = nil
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+// explainNode checks the claim on one node (whose own slices are slices),
+// then each request alone: how many devices match it at all (on an empty
+// node, taints aside), how many of those carry a taint it does not
+// tolerate, and how many are free.
+func explainNode(ctx context.Context, views explainViews, node string, slices []*resourceapi.ResourceSlice, claim *resourceapi.ResourceClaim) (nodeVerdict, error) {
 	v := nodeVerdict{node: node}
-	res, err := live.Allocate(ctx, node, claim)
+	res, err := views.live.Allocate(ctx, node, claim)
 	if err != nil {
 		return v, fmt.Errorf("node %s: %w", node, err)
 	}
@@ -130,18 +166,27 @@ func explainNode(ctx context.Context, live, empty *simulate.Cluster, node string
 		if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll {
 			need = 1
 		}
-		matching, err := maxFitting(ctx, empty, node, claim, r, resourceapi.AllocationResultsMaxSize)
+		matching, err := maxFitting(ctx, views.bare, node, claim, r, resourceapi.AllocationResultsMaxSize)
 		if err != nil {
 			return v, err
 		}
-		free, err := maxFitting(ctx, live, node, claim, r, matching)
+		tolerated, err := maxFitting(ctx, views.empty, node, claim, r, matching)
+		if err != nil {
+			return v, err
+		}
+		free, err := maxFitting(ctx, views.live, node, claim, r, tolerated)
 		if err != nil {
 			return v, err
 		}
 		if free < need {
 			allRequestsFree = false
 			v.shortfall += need - free
-			v.lacks = append(v.lacks, fmt.Sprintf("request %s needs %d, %d devices match its class and selectors, %d of them free", r.Name, need, matching, free))
+			if tolerated < matching {
+				v.lacks = append(v.lacks, fmt.Sprintf("request %s needs %d, %d devices match its class and selectors, %d of them carry taints it does not tolerate (%s), %d of the others free",
+					r.Name, need, matching, matching-tolerated, strings.Join(simulate.Untolerated(slices, views.rules, r.Exactly.Tolerations), ", "), free))
+			} else {
+				v.lacks = append(v.lacks, fmt.Sprintf("request %s needs %d, %d devices match its class and selectors, %d of them free", r.Name, need, matching, free))
+			}
 		}
 	}
 	if allRequestsFree {

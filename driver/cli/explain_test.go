@@ -88,3 +88,56 @@ func TestExplainSaysWhatEachNodeLacks(t *testing.T) {
 		t.Errorf("an allocated claim should show its devices:\n%s", out.String())
 	}
 }
+
+// TestExplainNamesTheRuleThatDrainsANode: an administrator's DeviceTaintRule
+// drains the L4 node (NoSchedule on every device of its pool): a one-GPU
+// claim is told it does not fit there because of the rule, as the scheduler
+// would not allocate it there, and fits on the DGX; a claim that tolerates
+// the taint fits on both.
+func TestExplainNamesTheRuleThatDrainsANode(t *testing.T) {
+	var objs []runtime.Object
+	classes, err := deviceclass.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		objs = append(objs, c)
+	}
+	for _, s := range append(fixtures.Slices(t, fixtures.Profile(t, "pcie-l4x4"), "l4", inventory.Options{}), fixtures.Slices(t, fixtures.Profile(t, "dgx-h100"), "dgx", inventory.Options{})...) {
+		objs = append(objs, s)
+	}
+	rule := &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{Name: "drain-l4"},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To("gpu.tessera.dev"), Pool: ptr.To("l4")},
+			Taint:          resourceapi.DeviceTaint{Key: "example.com/maintenance", Value: "drain", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		},
+	}
+	tolerant := gpuClaim("tolerant", 1, "")
+	tolerant.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: "example.com/maintenance", Operator: resourceapi.DeviceTolerationOpExists}}
+	objs = append(objs, rule, gpuClaim("small", 1, ""), tolerant)
+	client := fake.NewClientset(objs...)
+
+	var out bytes.Buffer
+	if err := Explain(context.Background(), &out, client, "ml", "small"); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Log("\n" + got)
+	for _, want := range []string{
+		"dgx: fits now",
+		"l4: does not fit: request gpus needs 1, 4 devices match its class and selectors, 4 of them carry taints it does not tolerate (example.com/maintenance=drain:NoSchedule (DeviceTaintRule drain-l4)), 0 of the others free",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("explain output lacks %q:\n%s", want, got)
+		}
+	}
+
+	out.Reset()
+	if err := Explain(context.Background(), &out, client, "ml", "tolerant"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "dgx: fits now") || !strings.Contains(out.String(), "l4: fits now") {
+		t.Errorf("a claim tolerating the drain should fit on both nodes:\n%s", out.String())
+	}
+}
