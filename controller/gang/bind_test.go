@@ -2,7 +2,6 @@ package gang
 
 import (
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -156,15 +155,7 @@ func TestOnlyTheControllerAllocatesADomainChannel(t *testing.T) {
 func TestAGangCannotOpenOrFailAnotherGangsBarrier(t *testing.T) {
 	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2})
 	f := newFakeCluster(t, snap, nodes)
-	for _, g := range []string{"g1", "g2"} {
-		f.create(newClaim(g+"-domain", "domain.gpu.tessera.dev", 1))
-		for i := range 4 {
-			f.memberOf(fmt.Sprintf("%s-m%d", g, i), g+"-domain", map[string]string{"gang": g}, 1, nil)
-		}
-		if _, err := f.r.gangs.Create(f.ctx, labelGangOf(g, 4, g+"-domain")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.gangsOfFour("g1", "g2")
 	f.reconcileOK("g1")
 	f.reconcileOK("g2")
 	if f.claim("ml", "g1-domain").Status.Allocation == nil || f.claim("ml", "g2-domain").Status.Allocation == nil {

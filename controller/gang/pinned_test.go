@@ -7,6 +7,21 @@ import (
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
 
+// gangsOfFour creates label gangs ml/<name> of four one-GPU members
+// <name>-m<i>, each with its own domain claim <name>-domain.
+func (f *fakeCluster) gangsOfFour(names ...string) {
+	f.t.Helper()
+	for _, g := range names {
+		f.create(newClaim(g+"-domain", "domain.gpu.tessera.dev", 1))
+		for i := range 4 {
+			f.memberOf(fmt.Sprintf("%s-m%d", g, i), g+"-domain", map[string]string{"gang": g}, 1, nil)
+		}
+		if _, err := f.r.gangs.Create(f.ctx, labelGangOf(g, 4, g+"-domain")); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
 // A gang released onto a tray holds that tray for the scheduler to
 // allocate, though no claim of it is allocated yet: a second gang searched
 // in that window is not planned onto the same GPUs (both would wait in the
@@ -16,15 +31,7 @@ import (
 func TestASecondGangIsNotPlannedOntoAFirstGangsReleasedMembers(t *testing.T) {
 	snap, nodes := trays(t, map[string]uint32{"a1": 1})
 	f := newFakeCluster(t, snap, nodes)
-	for _, g := range []string{"g1", "g2"} {
-		f.create(newClaim(g+"-domain", "domain.gpu.tessera.dev", 1))
-		for i := range 4 {
-			f.memberOf(fmt.Sprintf("%s-m%d", g, i), g+"-domain", map[string]string{"gang": g}, 1, nil)
-		}
-		if _, err := f.r.gangs.Create(f.ctx, labelGangOf(g, 4, g+"-domain")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.gangsOfFour("g1", "g2")
 	f.reconcileOK("g1")
 	for i := range 4 {
 		if p := f.pod("ml", fmt.Sprintf("g1-m%d", i)); pinnedTo(p) != "a1" {

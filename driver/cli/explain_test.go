@@ -55,20 +55,10 @@ func TestExplainSaysWhatEachNodeLacks(t *testing.T) {
 	objs = append(objs, taken, gpuClaim("big", 5, "gpu.tessera.dev/nvlinkDomain"), gpuClaim("small", 1, ""))
 	client := fake.NewClientset(objs...)
 
-	var out bytes.Buffer
-	if err := Explain(context.Background(), &out, client, "ml", "big"); err != nil {
-		t.Fatal(err)
-	}
-	got := out.String()
-	t.Log("\n" + got)
-	for _, want := range []string{
+	got := explained(t, client, "big",
 		"l4: does not fit: request gpus needs 5, 4 devices match its class and selectors, 2 of them free",
-		"dgx: does not fit: enough free devices match each request, but not together",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("explain output lacks %q:\n%s", want, got)
-		}
-	}
+		"dgx: does not fit: enough free devices match each request, but not together")
+	var out bytes.Buffer
 	if strings.Index(got, "dgx:") > strings.Index(got, "l4:") {
 		t.Errorf("the closest node (dgx, short only a constraint) is not listed first:\n%s", got)
 	}
@@ -118,26 +108,27 @@ func TestExplainNamesTheRuleThatDrainsANode(t *testing.T) {
 	objs = append(objs, rule, gpuClaim("small", 1, ""), tolerant)
 	client := fake.NewClientset(objs...)
 
+	explained(t, client, "small",
+		"dgx: fits now",
+		"l4: does not fit: request gpus needs 1, 4 devices match its class and selectors, 4 of them carry taints it does not tolerate (example.com/maintenance=drain:NoSchedule (DeviceTaintRule drain-l4)), 0 of the others free")
+	// A claim tolerating the drain fits on both nodes.
+	explained(t, client, "tolerant", "dgx: fits now", "l4: fits now")
+}
+
+// explained runs Explain for claim ml/name and fails unless its output
+// holds every wanted line; it returns the output.
+func explained(t *testing.T, client *fake.Clientset, name string, wants ...string) string {
+	t.Helper()
 	var out bytes.Buffer
-	if err := Explain(context.Background(), &out, client, "ml", "small"); err != nil {
+	if err := Explain(context.Background(), &out, client, "ml", name); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
 	t.Log("\n" + got)
-	for _, want := range []string{
-		"dgx: fits now",
-		"l4: does not fit: request gpus needs 1, 4 devices match its class and selectors, 4 of them carry taints it does not tolerate (example.com/maintenance=drain:NoSchedule (DeviceTaintRule drain-l4)), 0 of the others free",
-	} {
+	for _, want := range wants {
 		if !strings.Contains(got, want) {
-			t.Errorf("explain output lacks %q:\n%s", want, got)
+			t.Errorf("explain of %s lacks %q:\n%s", name, want, got)
 		}
 	}
-
-	out.Reset()
-	if err := Explain(context.Background(), &out, client, "ml", "tolerant"); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "dgx: fits now") || !strings.Contains(out.String(), "l4: fits now") {
-		t.Errorf("a claim tolerating the drain should fit on both nodes:\n%s", out.String())
-	}
+	return got
 }

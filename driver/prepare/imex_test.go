@@ -3,6 +3,7 @@ package prepare_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -36,12 +37,7 @@ func (f *fakeIMEX) Runs() bool { return !f.off }
 func (f *fakeIMEX) Running() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
-	for pod := range f.running {
-		out = append(out, pod)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(f.running))
 }
 
 func (f *fakeIMEX) Locate(uid string) checkpoint.Daemon {

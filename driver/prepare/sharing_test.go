@@ -3,6 +3,7 @@ package prepare_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -266,12 +267,7 @@ func (f *fakeMPS) Runs() bool { return !f.off }
 func (f *fakeMPS) Running() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
-	for pod := range f.running {
-		out = append(out, pod)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(f.running))
 }
 
 func (f *fakeMPS) Locate(uid string) checkpoint.MPSDaemon {
