@@ -355,7 +355,9 @@ func (w *raceWatch) claimsAllocated(p *corev1.Pod) bool {
 // placement records itself on the gang before it writes a claim).
 func (w *raceWatch) checkWaiting(ctx context.Context, u *unstructured.Unstructured) {
 	g, err := gang.FromUnstructured(u)
-	if err != nil || !meta.IsStatusConditionTrue(g.Status.Conditions, gangv1.ConditionWaiting) {
+	// Only the watched gang: its members are the Job's pods listed below
+	// (another gang of the namespace, as a preemption's victim, has others).
+	if err != nil || g.Name != w.job || !meta.IsStatusConditionTrue(g.Status.Conditions, gangv1.ConditionWaiting) {
 		return
 	}
 	if _, ok := g.Annotations[gangv1.AnnotationCommitted]; ok {
