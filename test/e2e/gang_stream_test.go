@@ -165,9 +165,6 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string,
 		e.c.neverPreemptingClass(ctx, t, smallClass, smallPodPriority)
 	}
 	blocker := e.c.createAndRun(ctx, t, prioritised(onNode(newGPUPod(ns, "blocker", gpuFrom("two-gpus")), "tray-a1"), smallClass))
-	if shape == shapePreempt {
-		e.runLowGang(ctx, t, ns)
-	}
 
 	const skew = 30 * time.Second
 	least := streamGangSize
@@ -178,7 +175,12 @@ func (e gangEnv) streamTrial(ctx context.Context, t *testing.T, ns, kill string,
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.start(wctx, t, e.gs.dyn, ns)
+	// The ledger's check needs a free GPU on tray-a1 (its partitions are
+	// published): before the low gang fills the clique.
 	checkLedger(ctx, t, e.c, streamNodes[0])
+	if shape == shapePreempt {
+		e.runLowGang(ctx, t, ns)
+	}
 
 	s := &smallStream{c: e.c, w: w, ns: ns, stop: make(chan struct{})}
 	if shape == shapePreempt {
@@ -500,25 +502,37 @@ func checkPlacedIn(ctx context.Context, t *testing.T, c *tesseraCluster, ns stri
 // GPU, and two partitions of one GPU on distinct slices do not clash.
 func checkLedger(ctx context.Context, t *testing.T, c *tesseraCluster, node string) {
 	t.Helper()
-	list, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-	noErr(t, err)
-	var all []*resourceapi.ResourceSlice
-	pool := ""
-	for i := range list.Items {
-		all = append(all, &list.Items[i])
-		if list.Items[i].Spec.NodeName != nil && *list.Items[i].Spec.NodeName == node {
-			pool = list.Items[i].Spec.Pool.Name
-		}
-	}
-	l := newLedger(all)
 	// The GPU whose partitions the node publishes (lazy publishing keeps
-	// the others' back).
-	gpu := ""
-	for id := range l.devices {
-		if d, ok := strings.CutPrefix(id, gpunode.DriverName+"/"+pool+"/"); ok && strings.HasSuffix(d, "-mig-1g23gb-6") {
-			gpu = strings.TrimSuffix(d, "-mig-1g23gb-6")
+	// the others' back, and publishes a spare's again a moment after the
+	// last trial's pods ended): waited for.
+	var l *ledger
+	pool, gpu := "", ""
+	eventually(ctx, t, time.Minute, "node "+node+" publishes the partitions of a free GPU", func() bool {
+		list, err := c.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
 		}
-	}
+		var all []*resourceapi.ResourceSlice
+		for i := range list.Items {
+			all = append(all, &list.Items[i])
+			if list.Items[i].Spec.NodeName != nil && *list.Items[i].Spec.NodeName == node {
+				pool = list.Items[i].Spec.Pool.Name
+			}
+		}
+		l = newLedger(all)
+		gpu = ""
+		for id := range l.devices {
+			if d, ok := strings.CutPrefix(id, gpunode.DriverName+"/"+pool+"/"); ok && strings.HasSuffix(d, "-mig-1g23gb-6") {
+				gpu = strings.TrimSuffix(d, "-mig-1g23gb-6")
+			}
+		}
+		for _, part := range []string{"", "-mig-1g23gb-0", "-mig-2g47gb-0"} {
+			if _, ok := l.devices[gpunode.DriverName+"/"+pool+"/"+gpu+part]; gpu == "" || !ok {
+				return false
+			}
+		}
+		return true
+	})
 	other := "gpu-0"
 	if gpu == "gpu-0" {
 		other = "gpu-1"
