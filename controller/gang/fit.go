@@ -195,9 +195,7 @@ func searchWith(ctx context.Context, snap *simulate.Snapshot, driver string, nod
 			sub.Slices = append(sub.Slices, nodeSlices[n]...)
 		}
 		cluster := sub.Cluster(nil, func(c *resourceapi.ResourceClaim) bool { return own[c.UID] })
-		if err := takePins(ctx, cluster, v.pins, nodes, cand.nodes); err != nil {
-			return nil, nil, err
-		}
+		takePins(ctx, cluster, v.pins, nodes, cand.nodes)
 		l := lay.fresh()
 		p, vd, err := fitDomain(ctx, cluster, sub, cand, nodes, room.of(cand.nodes), v, l)
 		if err != nil {

@@ -2,11 +2,11 @@ package gang
 
 import (
 	"context"
-	"fmt"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/driver/simulate"
@@ -107,8 +107,9 @@ func ownedBy(c *resourceapi.ResourceClaim, p *v1.Pod) bool {
 // takePins takes, in cluster, the devices the pins on these nodes will be
 // allocated there, as the scheduler would allocate them now: a pin whose
 // claims no longer fit its node (the scheduler gave them away) takes
-// nothing, and its placement fails on its own.
-func takePins(ctx context.Context, cluster *simulate.Cluster, pins []pin, nodes map[string]*v1.Node, on []string) error {
+// nothing, and its placement fails on its own; so does one the allocator
+// fails on (its claims' selectors are its owner's).
+func takePins(ctx context.Context, cluster *simulate.Cluster, pins []pin, nodes map[string]*v1.Node, on []string) {
 	in := map[string]bool{}
 	for _, n := range on {
 		in[n] = true
@@ -120,11 +121,13 @@ func takePins(ctx context.Context, cluster *simulate.Cluster, pins []pin, nodes 
 		}
 		res, err := cluster.AllocateOnNode(ctx, node, pn.claims...)
 		if err != nil {
-			return fmt.Errorf("take the devices of released member %s/%s on %s: %w", pn.pod.Namespace, pn.pod.Name, pn.node, err)
+			// Another gang's member is no reason to fail this search:
+			// it takes nothing, as a pin that no longer fits.
+			klog.FromContext(ctx).V(2).Info("Cannot take the devices of another placement's released member; counting it as taking none", "pod", klog.KObj(pn.pod), "node", pn.node, "err", err)
+			continue
 		}
 		cluster.Commit(res...)
 	}
-	return nil
 }
 
 // has says whether p is one of the view's live members.

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
 
@@ -53,5 +56,32 @@ func TestASecondGangIsNotPlannedOntoAFirstGangsReleasedMembers(t *testing.T) {
 	f.reconcileOK("g2")
 	if id := f.gang("ml", "g2").Annotations[gangv1.AnnotationCommitted]; id != "" {
 		t.Errorf("g2 committed placement %s on g1's allocated GPUs", id)
+	}
+}
+
+// A released member whose claim the allocator cannot judge (a selector
+// that errors on some device) takes nothing in another gang's search, and
+// that search goes on: g2 is placed in the other clique.
+func TestAPinTheAllocatorFailsOnDoesNotStopAnotherGangsSearch(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2})
+	f := newFakeCluster(t, snap, nodes)
+	f.create(newClaim("g1-domain", "domain.gpu.tessera.dev", 1))
+	f.memberOf("g1-m0", "g1-domain", map[string]string{"gang": "g1"}, 1, nil)
+	c := f.claim("ml", "g1-m0-gpu")
+	c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+		Expression: `device.attributes["gpu.tessera.dev"].index == 0 || device.attributes["gpu.tessera.dev"].nope == 1`}}}
+	if _, err := f.client.ResourceV1().ResourceClaims("ml").Update(f.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.r.gangs.Create(f.ctx, labelGangOf("g1", 1, "g1-domain")); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcileOK("g1")
+	// The scheduler gives gpu-0 of that node to another pod first.
+	f.runningPod("rival", pinnedTo(f.pod("ml", "g1-m0")), 1, 0)
+	f.gangsOfFour("g2")
+	_, err := f.reconcile("ml", "g2")
+	if g2 := f.gang("ml", "g2"); err != nil || g2.Annotations[gangv1.AnnotationCommitted] == "" {
+		t.Errorf("g2 not placed: %v; %s", err, conditionMessage(&g2.Status, gangv1.ConditionWaiting))
 	}
 }

@@ -150,7 +150,9 @@ func (r *reconciler) rollBackRecorded(ctx context.Context, g *gangv1.Gang) (free
 // while the domain claim still serves pods of an earlier placement.
 func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (busy bool, _ error) {
 	freed := 0
-	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil {
+	// Only this gang's channel: spec.domainClaimName is the user's word and
+	// may name another gang's domain claim, mid-placement.
+	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
 		for _, ref := range dc.Status.ReservedFor {
 			if p, err := r.pods.Pods(dc.Namespace).Get(ref.Name); err == nil && p.UID == ref.UID && !hasGate(p) {
 				waiting(st, g.Generation, gangv1.ReasonPlacementPending, fmt.Sprintf("domain claim %s is still in use by pod %s of an earlier placement; waiting for it to end", dc.Name, ref.Name))

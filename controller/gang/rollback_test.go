@@ -202,3 +202,36 @@ func TestClearClaimLeavesAClaimAReleasedPodUses(t *testing.T) {
 		})
 	}
 }
+
+// A gang whose spec.domainClaimName names another gang's domain claim,
+// allocated for a placement whose members are not released yet (the
+// controller cut before the release), does not roll that channel back.
+func TestAGangDoesNotRollBackAnotherGangsDomainClaim(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.gangsOfFour("g1")
+	f.r.interrupt = func(step string) bool { return step == StepRelease }
+	if _, err := f.reconcile("ml", "g1"); err == nil {
+		t.Fatal("the placement was not cut at the release")
+	}
+	f.r.interrupt = nil
+	if f.claim("ml", "g1-domain").Status.Allocation == nil {
+		t.Fatal("g1's domain claim is not allocated")
+	}
+	other := &gangv1.Gang{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "ml", UID: "uid-other"},
+		Spec: gangv1.GangSpec{Size: 1, DomainClaimName: "g1-domain", Selector: metav1.LabelSelector{MatchLabels: map[string]string{"gang": "nobody"}}}}
+	if _, err := f.r.gangs.Create(f.ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "other"); err != nil {
+		t.Fatal(err)
+	}
+	if f.claim("ml", "g1-domain").Status.Allocation == nil {
+		t.Fatalf("gang other cleared g1's domain claim; events %v", f.drainEvents())
+	}
+	// g1 goes on: its members are released onto its channel.
+	f.reconcileOK("g1")
+	if f.claim("ml", "g1-domain").Status.Allocation == nil || len(f.pod("ml", "g1-m0").Spec.SchedulingGates) != 0 {
+		t.Errorf("g1 did not go on in its placement")
+	}
+}
