@@ -76,6 +76,9 @@ func installController(ctx context.Context, c *cluster.Cluster) (string, error) 
 type runningController struct {
 	cancel context.CancelFunc
 	done   chan error
+	// ended is closed once Run returned (a test may have taken its
+	// error from done).
+	ended chan struct{}
 	// metrics is where it serves /metrics.
 	metrics string
 }
@@ -112,8 +115,11 @@ func startControllerWith(t testing.TB, kubeconfig string, edit func(*controller.
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	rc := &runningController{cancel: cancel, done: make(chan error, 1), metrics: o.MetricsAddress}
-	go func() { rc.done <- controller.Run(ctx, o) }()
+	rc := &runningController{cancel: cancel, done: make(chan error, 1), ended: make(chan struct{}), metrics: o.MetricsAddress}
+	go func() {
+		rc.done <- controller.Run(ctx, o)
+		close(rc.ended)
+	}()
 	t.Cleanup(func() { rc.stop() })
 	return rc
 }
@@ -144,18 +150,33 @@ func (rc *runningController) counter(t testing.TB, series string) float64 {
 	return 0
 }
 
+// stopped is what a stop reports of Run's error: a controller stopped
+// before it finished starting (its informers had not synced yet) returns
+// context.Canceled, which is a stop, not a failure.
+func stopped(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
 // stop cancels the controller and waits for it; it returns what Run did.
 func (rc *runningController) stop() error {
 	rc.cancel()
 	select {
 	case err := <-rc.done:
 		rc.done <- err
-		if errors.Is(err, context.Canceled) {
-			// Stopped before it finished starting (its informers had not
-			// synced yet): that is a stop, not a failure.
+		return stopped(err)
+	case <-rc.ended:
+		select {
+		case err := <-rc.done: // it returned just now
+			rc.done <- err
+			return stopped(err)
+		default:
+			// Run returned and a test took its error (a controller
+			// killed at a step): nothing left to stop.
 			return nil
 		}
-		return err
 	case <-time.After(30 * time.Second):
 		return errors.New("controller did not stop within 30s")
 	}
