@@ -176,7 +176,8 @@ func (r *reconciler) rollBack(ctx context.Context, g *gangv1.Gang, v *view, st *
 }
 
 // finalize rolls back an unreleased placement of a deleted gang and lets it
-// go. Released members keep running; gated ones stay gated.
+// go. Bound members keep running; released members still waiting to bind
+// have their binding failed and are evicted; gated ones stay gated.
 func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) error {
 	if err := r.deleteReservationRules(ctx, g); err != nil {
 		return err
@@ -192,6 +193,23 @@ func (r *reconciler) finalize(ctx context.Context, g *gangv1.Gang, v *view) erro
 			return err
 		}
 		g = fresh
+	}
+	if dc := v.domainClaim; dc != nil && awaits(dc) && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
+		// Members released but not bound wait in the scheduler for a
+		// barrier no one would open or fail once the gang is gone, pinned
+		// to their nodes (whose devices other placements then leave
+		// alone): fail their binding and evict them, as a lost placement
+		// does. Bound members run on.
+		if err := failBinding(ctx, r.client, g, dc.Annotations[gangv1.AnnotationPlacement], dc, fmt.Sprintf("gang %s/%s was deleted before its members bound", g.Namespace, g.Name)); err != nil {
+			return err
+		}
+		for _, m := range v.live {
+			if !m.gated() && m.pod.Spec.NodeName == "" {
+				if err := evict(ctx, r.client, m.pod); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	if dc := v.domainClaim; dc != nil && dc.Status.Allocation != nil && dc.Annotations[gangv1.AnnotationGang] == g.Namespace+"/"+g.Name {
 		inUse := false

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/domain"
 )
 
 // forgeRecord writes on gang ml/<name> a record of placement id naming
@@ -233,5 +235,37 @@ func TestAGangDoesNotRollBackAnotherGangsDomainClaim(t *testing.T) {
 	f.reconcileOK("g1")
 	if f.claim("ml", "g1-domain").Status.Allocation == nil || len(f.pod("ml", "g1-m0").Spec.SchedulingGates) != 0 {
 		t.Errorf("g1 did not go on in its placement")
+	}
+}
+
+// A gang deleted between its members' release and their bind fails their
+// binding and evicts them: no one else would open or fail the barrier they
+// wait at, and their pins would keep every other gang off their devices.
+// Another gang is then placed on that tray.
+func TestAGangDeletedBeforeItsMembersBoundLetsThemGo(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.gangsOfFour("g1", "g2")
+	f.reconcileOK("g1")
+	g := f.gang("ml", "g1")
+	g.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	if _, err := f.r.gangs.Update(f.ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconcile("ml", "g1"); err != nil {
+		t.Fatal(err)
+	}
+	if !f.channelConditionOf("g1-domain", domain.ConditionPlacementFailed) {
+		t.Errorf("g1's members wait to bind at a barrier no one will open or fail")
+	}
+	for i := range 4 {
+		if _, err := f.client.CoreV1().Pods("ml").Get(f.ctx, fmt.Sprintf("g1-m%d", i), metav1.GetOptions{}); err == nil {
+			t.Errorf("released, unbound member g1-m%d of the deleted gang was not evicted", i)
+		}
+	}
+	f.freeClaimsOfGonePods()
+	f.reconcileOK("g2")
+	if f.gang("ml", "g2").Annotations[gangv1.AnnotationCommitted] == "" {
+		t.Errorf("g2 is not placed on the tray the deleted gang's members left")
 	}
 }
