@@ -226,3 +226,30 @@ func TestADrainAfterTheAllocationDoesNotLoseABoundMember(t *testing.T) {
 		t.Errorf("the placement was forgotten: %s", conditionMessage(&g.Status, gangv1.ConditionFailed))
 	}
 }
+
+// A reservation rule whose gang is gone (deleted without its finalizer;
+// the leader sweeps such rules only when it starts), or that merely
+// carries the reservation label, is no reservation the controller models:
+// placement applies it as the scheduler does, and plans no member onto
+// the devices it taints.
+func TestARuleOfAGangThatIsGoneIsAppliedAsTheSchedulerDoes(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2, "b2": 2})
+	f := newFakeCluster(t, snap, nodes)
+	orphan := drain("a1", resourceapi.DeviceTaintEffectNoSchedule)
+	orphan.Name = "tessera-reserve-gone"
+	orphan.Labels = map[string]string{gangv1.LabelReservation: "uid-gone"}
+	orphan.Spec.Taint = resourceapi.DeviceTaint{Key: gangv1.TaintReserved, Value: "uid-gone", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	f.create(orphan)
+	f.gangMembers(4)
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if node := pinnedTo(f.pod("ml", fmt.Sprintf("m-%d", i))); node == "a1" {
+			t.Errorf("member m-%d pinned to a1, whose devices the rule of a gang that is gone taints (the scheduler refuses it there)", i)
+		}
+	}
+	if f.gang("ml", "g").Annotations[gangv1.AnnotationCommitted] == "" {
+		t.Errorf("the gang was not placed on the other clique")
+	}
+}

@@ -96,7 +96,7 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 	if v.pending != "" {
 		return result{requeueAfter: 2 * time.Second}, nil // a new member's claims are still being made
 	}
-	snap, nodes, pods, err := r.cluster(ctx, reservationRule)
+	snap, nodes, pods, err := r.cluster(ctx, r.modelledRule)
 	if err != nil {
 		return result{}, err
 	}

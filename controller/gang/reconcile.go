@@ -207,7 +207,7 @@ func (r *reconciler) step(ctx context.Context, g *gangv1.Gang, v *view, verr err
 func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gangv1.GangStatus) (result, error) {
 	logger := klog.FromContext(ctx)
 	began := time.Now()
-	snap, nodes, pods, err := r.cluster(ctx, reservationRule)
+	snap, nodes, pods, err := r.cluster(ctx, r.modelledRule)
 	if err != nil {
 		return result{}, err
 	}
@@ -597,8 +597,8 @@ func nodeNameOf(sel *v1.NodeSelector) string {
 
 // cluster is what a fit works on: the claims, slices and classes as the API
 // server has them now, the slices tainted by every DeviceTaintRule that
-// skipRule does not accept (placement skips the controller's reservations,
-// see reservationRule), and the nodes and pods of the informers' caches by
+// skipRule does not accept (placement skips the controller's live
+// reservations, see modelledRule), and the nodes and pods of the informers' caches by
 // name.
 func (r *reconciler) cluster(ctx context.Context, skipRule func(*resourceapi.DeviceTaintRule) bool) (*simulate.Snapshot, map[string]*v1.Node, []*v1.Pod, error) {
 	snap, err := simulate.List(ctx, r.client, skipRule)

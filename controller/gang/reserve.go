@@ -55,6 +55,29 @@ func reservationRule(rule *resourceapi.DeviceTaintRule) bool {
 	return rule.Spec.Taint.Key == gangv1.TaintReserved || rule.Spec.Taint.Key == gangv1.TaintReservationStarted
 }
 
+// modelledRule says whether placement leaves rule out, modelling it
+// itself: a reservation rule (reservationRule) whose label names a gang
+// that exists and holds a reservation (status.reservation). Any other,
+// such as the rule of a gang deleted without its finalizer (which the
+// leader sweeps only when it starts) or one that merely carries the label,
+// is applied as the scheduler applies it: otherwise gangs would be planned
+// onto devices the scheduler refuses them, again and again.
+func (r *reconciler) modelledRule(rule *resourceapi.DeviceTaintRule) bool {
+	if !reservationRule(rule) {
+		return false
+	}
+	if r.allGangs == nil {
+		return true
+	}
+	uid := rule.Labels[gangv1.LabelReservation]
+	for _, g := range r.allGangs() {
+		if string(g.UID) == uid && g.Status.Reservation != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // reservationWaitCap bounds the pods listed in a reservation's status.
 const reservationWaitCap = gangv1.MaxPreemptionVictims
 
