@@ -282,6 +282,10 @@ func TestTheLeaderSweepsTheRulesOfGangsThatAreGone(t *testing.T) {
 	orphan := f.taintRules()[0].DeepCopy()
 	orphan.Name, orphan.ResourceVersion = "tessera-reserve-gone-1", ""
 	orphan.Labels = map[string]string{gangv1.LabelReservation: "uid-gone"}
+	// On tray b2, which is full anyway: placement models a rule whose gang
+	// is gone as the taint the scheduler applies, so on b1 it would move
+	// big's reservation before the sweep.
+	orphan.Spec.DeviceSelector.Pool = ptr.To("b2")
 	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, orphan, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
