@@ -22,7 +22,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -222,6 +221,15 @@ func (c *Controller) work(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
+	if key == sweepRulesKey {
+		if err := c.sweepReservationRules(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Could not delete the reservation rules of gangs that are gone; retrying")
+			c.queue.AddRateLimited(key)
+			return true
+		}
+		c.queue.Forget(key)
+		return true
+	}
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		c.queue.Forget(key)
@@ -263,6 +271,18 @@ func (c *Controller) gangChanged(obj any) {
 	c.queue.Add(key)
 }
 
+// sweepRulesKey is the queue key of a sweep of the reservation rules whose
+// gang is gone; no gang's namespace/name key can contain a space.
+const sweepRulesKey = "sweep reservation rules"
+
+// gangDeleted forgets the gang's members and queues a sweep of its
+// reservation rules. A DeviceTaintRule is cluster-scoped and a Gang is
+// namespaced, so the garbage collector cannot own the rules by the gang;
+// the controller deletes them as soon as it sees the gang go, whether or not
+// its finalizer ran (removed by hand, or the gang deleted in a way that
+// skipped it). The sweep runs on the one worker, after any reconcile that
+// read the gang before it went, so a rule such a reconcile wrote is swept
+// too.
 func (c *Controller) gangDeleted(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
@@ -272,6 +292,7 @@ func (c *Controller) gangDeleted(obj any) {
 		delete(c.members, u.GetNamespace()+"/"+u.GetName())
 		c.mu.Unlock()
 	}
+	c.queue.Add(sweepRulesKey)
 }
 
 // podChanged enqueues the gangs the pod is a member of.
@@ -367,16 +388,14 @@ func (c *Controller) sweepReservationRules(ctx context.Context) error {
 	for _, g := range c.cachedGangs() {
 		uids[string(g.UID)] = true
 	}
-	sel, err := labels.Parse(gangv1.LabelReservation)
+	// From the API server, not the cache: a rule the last reconcile wrote
+	// may not have reached the lister yet.
+	rules, err := c.r.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: gangv1.LabelReservation})
 	if err != nil {
-		return err
-	}
-	rules, err := c.r.taintRules.List(sel)
-	if err != nil {
-		return err
+		return fmt.Errorf("list reservation rules: %w", err)
 	}
 	var errs []error
-	for _, rule := range rules {
+	for _, rule := range rules.Items {
 		if uids[rule.Labels[gangv1.LabelReservation]] {
 			continue
 		}

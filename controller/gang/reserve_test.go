@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
@@ -397,5 +398,55 @@ func TestAReservationIsHandedToMembersThatTolerateIt(t *testing.T) {
 	f.allocateReleased("big-3")
 	if g = f.reconcileOK("big"); g.Status.Reservation != nil || len(f.taintRules()) != 0 {
 		t.Fatalf("every member allocated: reservation %+v, rules %+v; want both gone", g.Status.Reservation, f.taintRules())
+	}
+}
+
+// A gang deleted without its finalizer's cleanup (removed by hand) loses its
+// reservation rules as soon as the controller sees it go, not at the next
+// leader's start; a rule the last reconcile wrote that has not reached the
+// cache goes too, and an administrator's rule stays.
+func TestAGangGoneWithoutItsFinalizerLosesItsRulesAtOnce(t *testing.T) {
+	f := reservationCluster(t, 10*time.Minute)
+	f.prioGang("big", 4, 1, 0, nil)
+	f.reconcileOK("big")
+	rules := f.taintRules()
+	if len(rules) != 1 {
+		t.Fatalf("rules before: %d, want big's one", len(rules))
+	}
+	// Written for big, not yet in any cache.
+	late := rules[0].DeepCopy()
+	late.Name, late.ResourceVersion = "tessera-reserve-late", ""
+	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	admin := late.DeepCopy()
+	admin.Name, admin.Labels = "an-administrators-rule", nil
+	if _, err := f.client.ResourceV1().DeviceTaintRules().Create(f.ctx, admin, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := toUnstructured(f.gang("ml", "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gang is gone from the cache: its delete event arrives.
+	c := &Controller{
+		r:       f.r,
+		gangInf: cache.NewSharedIndexInformer(&cache.ListWatch{}, &unstructured.Unstructured{}, 0, cache.Indexers{}),
+		queue: workqueue.NewTypedRateLimitingQueue[string](
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Millisecond, time.Second)),
+		members: map[string]gangv1.Members{},
+	}
+	defer c.queue.ShutDown()
+	c.gangDeleted(u)
+	if n := c.queue.Len(); n != 1 {
+		t.Fatalf("queued after the delete: %d keys, want the sweep", n)
+	}
+	c.work(f.ctx)
+	var names []string
+	for _, r := range f.taintRules() {
+		names = append(names, r.Name)
+	}
+	if want := []string{"an-administrators-rule"}; !slices.Equal(names, want) {
+		t.Errorf("rules after the gang went: %v, want %v", names, want)
 	}
 }
