@@ -44,17 +44,27 @@ type crashKind struct {
 	kind   kind
 	device string
 	config string // the claim's GpuConfig fields, if any
+	// writes is how many checkpoint writes the claim's prepare makes:
+	// the started mark (only a claim with something to undo has one),
+	// one per undoable step recorded before it is taken (the partition
+	// made, a GPU setting's original), and the completed mark.
+	writes int
 }
 
 // crashClaims are the kinds of claim each failpoint is tried with: GPU
 // claims on gpu-0 of a DGX H100 (switchable into and out of MIG mode), and
 // a gang's domain claim on channel 0 of the node's NVLink domain.
 var crashClaims = []crashKind{
-	{"whole GPU", wholeGPU, "gpu-0", ""},
-	{"MIG partition", partition, part, ""},
-	{"power-capped GPU", powerCapped, "gpu-0", `"powerLimitWatts":400`},
-	{"MPS GPU", mps, "gpu-0", `"sharing":{"strategy":"MPS"}`},
-	{"gang NVLink domain", gangDomain, domain.DeviceName(0), ""},
+	// Nothing to undo but its CDI spec: the completed mark alone.
+	{"whole GPU", wholeGPU, "gpu-0", "", 1},
+	// Started, the partition made, completed.
+	{"MIG partition", partition, part, "", 3},
+	// Started, the GPU's original power limit, completed.
+	{"power-capped GPU", powerCapped, "gpu-0", `"powerLimitWatts":400`, 3},
+	// Started, the GPU's original compute mode, completed.
+	{"MPS GPU", mps, "gpu-0", `"sharing":{"strategy":"MPS"}`, 3},
+	// Started (before the IMEX daemon starts), completed.
+	{"gang NVLink domain", gangDomain, domain.DeviceName(0), "", 2},
 }
 
 // claim is the kind's claim named name.
