@@ -99,7 +99,8 @@ type Options struct {
 	// node's slices that prepares and unprepares cause under lazy MIG
 	// publishing; zero means DefaultMIGPublishInterval.
 	MIGPublishInterval time.Duration
-	// Clock times lazy MIG publishing's withdrawals; nil means the real
+	// Clock times lazy MIG publishing's withdrawals and the first
+	// publish's wait for the kubelet's registration; nil means the real
 	// clock. Not a flag.
 	Clock clock.WithTicker
 	// FeatureGates are Tessera's gates (package features); nil means all at
@@ -235,6 +236,14 @@ func (o *Options) lazyPolicy() lazymig.Policy {
 }
 
 // migPublishInterval is MIGPublishInterval, its default if unset.
+// clock is Clock, or the real clock.
+func (o *Options) clock() clock.WithTicker {
+	if o.Clock != nil {
+		return o.Clock
+	}
+	return clock.RealClock{}
+}
+
 func (o *Options) migPublishInterval() time.Duration {
 	if o.MIGPublishInterval == 0 {
 		return DefaultMIGPublishInterval

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-dev/tessera/driver/fakenode"
@@ -91,8 +93,9 @@ func startWith(t *testing.T, adjust func(dir string, o *plugin.Options), apiServ
 // does (plugin.Start, kubeletsim.Register).
 func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plugin.Options), apiServer ...func(*fake.Clientset)) *harness {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
+	// Buffered, so that a test can wait for what the plugin says (logged).
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	t.Cleanup(cancel)
 	dir := shortDir(t)
 	bootID := filepath.Join(dir, "boot_id")
@@ -153,6 +156,22 @@ func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plug
 
 // restart (re)starts the plugin process-equivalent over the same disk state
 // and registers it with the simulated kubelet.
+// logged tells whether the plugin has logged a line holding every one of
+// parts (through the test's logger, every verbosity the tests run with).
+func (h *harness) logged(parts ...string) bool {
+	h.t.Helper()
+	u, ok := klog.FromContext(h.ctx).GetSink().(ktesting.Underlier)
+	if !ok {
+		h.t.Fatal("the test's logger keeps no buffer")
+	}
+	for line := range strings.Lines(u.GetBuffer().String()) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
+}
+
 func (h *harness) restart() {
 	h.t.Helper()
 	if h.plugin != nil {

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/clock"
 )
 
 // DefaultRegistrationWait bounds how long the first publish waits for the
@@ -57,14 +58,14 @@ func (r *registration) ready() error {
 
 // wait returns true once the plugin is registered, false when ctx ends or
 // max passes first.
-func (r *registration) wait(ctx context.Context, max time.Duration) bool {
-	timer := time.NewTimer(max)
+func (r *registration) wait(ctx context.Context, clk clock.Clock, max time.Duration) bool {
+	timer := clk.NewTimer(max)
 	defer timer.Stop()
 	select {
 	case <-r.done:
 		return true
 	case <-ctx.Done():
-	case <-timer.C:
+	case <-timer.C():
 	}
 	return false
 }

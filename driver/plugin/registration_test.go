@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/driver/nodeopen"
 	"github.com/tessera-dev/tessera/driver/plugin"
@@ -22,10 +23,12 @@ import (
 // only after the kubelet registered the plugin, and the plugin is ready
 // (/readyz, the chart's readiness probe) only then.
 func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Now())
 	h := newHarness(t, true, func(dir string, o *plugin.Options) {
 		o.Node = nodeopen.Options{NodeName: nodeName, FakeNode: "pcie-l4x4", FakeRoot: filepath.Join(dir, "host")}
 		o.RegistrationWait = time.Hour
 		o.MetricsAddress = "127.0.0.1:0"
+		o.Clock = clk
 	})
 	p, err := plugin.Start(h.ctx, h.opts, h.client)
 	if err != nil {
@@ -47,8 +50,14 @@ func TestDevicesArePublishedOnceTheKubeletRegisteredThePlugin(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	// Give a wrong early publish the time it would take.
-	time.Sleep(500 * time.Millisecond)
+	// The publish loop waits for the registration on the clock: once it
+	// does, the node's devices are discovered and ready to publish, and a
+	// wrong early publish would have been written already.
+	if err := wait.PollUntilContextTimeout(h.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return clk.HasWaiters(), nil
+	}); err != nil {
+		t.Fatalf("the first publish never waited for the registration: %v", err)
+	}
 	if n := published(); n != 0 {
 		t.Fatalf("%d slices published before the kubelet registered the plugin", n)
 	}

@@ -63,6 +63,7 @@ type Plugin struct {
 	// first publish waits for it, at most registrationWait.
 	registered       *registration
 	registrationWait time.Duration
+	clock            clock.Clock // times registrationWait
 	// publishInterval is the least time between two slice writes that
 	// lazy MIG wakes (prepares, unprepares) cause.
 	publishInterval time.Duration
@@ -207,11 +208,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	}
 	d := &Driver{claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
 	if gates.Enabled(features.LazyMIG) && invOpts.DynamicMIG {
-		var clk clock.WithTicker = clock.RealClock{}
-		if o.Clock != nil {
-			clk = o.Clock
-		}
-		d.lazy = newLazyMIG(o.lazyPolicy(), clk, client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile), ranBefore)
+		d.lazy = newLazyMIG(o.lazyPolicy(), o.clock(), client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile), ranBefore)
 	}
 	alive := func() error { return context.Cause(ctx) }
 	registered := newRegistration()
@@ -245,7 +242,7 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		server.Stop()
 		return nil, fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, imex: imexDaemons, registered: registered, registrationWait: o.RegistrationWait, publishInterval: o.migPublishInterval()}
+	p := &Plugin{helper: helper, driver: d, ctx: ctx, metrics: metrics, server: server, mps: mpsDaemons, imex: imexDaemons, registered: registered, registrationWait: o.RegistrationWait, clock: o.clock(), publishInterval: o.migPublishInterval()}
 	healthCtx, stopHealth := context.WithCancel(ctx)
 	p.stopHealth = stopHealth
 	if monitor != nil {
@@ -280,7 +277,7 @@ func (p *Plugin) publish(ctx context.Context, client kubernetes.Interface, nodeN
 	if wait == 0 {
 		wait = DefaultRegistrationWait
 	}
-	if !p.registered.wait(ctx, wait) && ctx.Err() == nil {
+	if !p.registered.wait(ctx, p.clock, wait) && ctx.Err() == nil {
 		klog.FromContext(ctx).Info("The kubelet has not registered the plugin yet; publishing the node's devices anyway", "waited", wait)
 	}
 	lazy := p.driver.lazy

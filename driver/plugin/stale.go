@@ -43,11 +43,16 @@ func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
 		logger.Error(err, "Cannot check prepared claims against the API server")
 		return
 	}
+	var unknown, unprepared int
+	defer func() {
+		logger.V(2).Info("Checked the prepared claims against the API server", "held", len(held), "unprepared", unprepared, "unknown", unknown)
+	}()
 	for uid, c := range held {
 		claim, err := client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
+			unknown++
 			logger.V(2).Info("Cannot check a prepared claim against the API server; keeping it", "claim", klog.KRef(c.Namespace, c.Name), "err", err)
 			continue
 		case claim.UID != uid || claim.Status.Allocation == nil:
@@ -59,6 +64,7 @@ func (p *Plugin) sweepClaims(ctx context.Context, client kubernetes.Interface) {
 		case err != nil:
 			logger.Error(err, "Unprepare of a stale claim failed; retrying later", "claim", klog.KRef(c.Namespace, c.Name))
 		case done:
+			unprepared++
 			logger.Info("Unprepared a claim the API server no longer has allocated", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 			if p.driver.lazy != nil {
 				p.driver.lazy.heldChanged() // its GPU may be free now

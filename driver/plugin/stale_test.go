@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -83,7 +85,14 @@ func TestNothingIsUnpreparedWhenTheAPIServerIsUnreachable(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the plugin never asked the API server about its prepared claim")
 	}
-	time.Sleep(200 * time.Millisecond) // let a wrong unprepare happen, if it would
+	// The sweep reports its pass once every claim is decided on: a wrong
+	// unprepare would have come before.
+	checked := []string{"Checked the prepared claims against the API server", "held=1 "}
+	if err := wait.PollUntilContextTimeout(h.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return h.logged(checked...), nil
+	}); err != nil {
+		t.Fatalf("the sweep never reported its pass as %q: %v", checked, err)
+	}
 	if _, ok := h.plugin.Manager().PreparedClaims()["uid-held"]; !ok || !specExists(h, "uid-held") {
 		t.Error("a claim was unprepared because the API server could not be reached")
 	}
