@@ -272,7 +272,13 @@ func runGangSimulation(b *testing.B, reserved bool) simResult {
 	backfill := gpuTemplate(ns, "one-gpu-backfill", 1)
 	backfill.Spec.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
 		Key: gangv1.TaintReserved, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	for _, t := range []*resourceapi.ResourceClaimTemplate{gpuTemplate(ns, "one-gpu", 1), backfill} {
+	// Members tolerate their reservation once it has started, as the
+	// examples' members do (docs/gang.md): the scheduler allocates them the
+	// reserved devices that no stream job may take then.
+	member := gpuTemplate(ns, "one-gpu-member", 1)
+	member.Spec.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{
+		Key: gangv1.TaintReservationStarted, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	for _, t := range []*resourceapi.ResourceClaimTemplate{member, backfill} {
 		noErr(b, ok(client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, t, metav1.CreateOptions{})))
 	}
 	kubelet := newSimKubelet(ctx, client, ns)
@@ -298,7 +304,7 @@ func runGangSimulation(b *testing.B, reserved bool) simResult {
 			gs.create(ctx, b, labelGang(ns, name, simGangSize, ""))
 			pods := make([]*corev1.Pod, simGangSize)
 			for i := range pods {
-				pods[i] = memberPod(ns, fmt.Sprintf("%s-%d", name, i), name, "one-gpu", "")
+				pods[i] = memberPod(ns, fmt.Sprintf("%s-%d", name, i), name, "one-gpu-member", "")
 				pods[i].Annotations = map[string]string{gangv1.AnnotationExpectedRuntime: simGangRuntime.String()}
 			}
 			arrived[name] = time.Now()
