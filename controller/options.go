@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/metricsserver"
 )
 
@@ -79,9 +80,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Addresses.AddFlags(fs)
 	fs.Var(invertedBool{&o.NoReservations}, "gang-reservations", "A gang that must wait for pods to end reserves the nodes that free up first (NoSchedule DeviceTaintRules; backfill pods tolerate them). false: waiting gangs reserve nothing, and small pods may keep taking what frees up. Default true.")
 	fs.BoolVar(&o.IMEXDaemons, "imex-daemons", false, "The kubelet plugins run IMEX daemons for gang domain claims on NVLink domains (their --imex-image is set): report the daemons' readiness on each gang placed in an NVLink domain (condition IMEXReady).")
-	fs.StringVar(&o.DaemonNamespace, "daemon-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the kubelet plugins, where their IMEX daemon pods run (the chart installs both in its release namespace); pods labelled as daemons elsewhere are ignored. Environment: POD_NAMESPACE.")
+	fs.StringVar(&o.DaemonNamespace, "daemon-namespace", component.Env("POD_NAMESPACE", "tessera-system"), "Namespace of the kubelet plugins, where their IMEX daemon pods run (the chart installs both in its release namespace); pods labelled as daemons elsewhere are ignored. Environment: POD_NAMESPACE.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")
-	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
+	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", component.Env("POD_NAMESPACE", "tessera-system"), "Namespace of the leader Lease. Environment: POD_NAMESPACE.")
 	fs.StringVar(&o.LeaseName, "leader-elect-name", "tessera-controller", "Name of the leader Lease.")
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a leader's Lease lasts without renewal: how long a crashed leader's successor waits.")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before it gives up leading.")
@@ -112,13 +113,6 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("leader election: want lease duration > renew deadline > retry period > 0, got %v, %v, %v", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod)
 	}
 	return nil
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }
 
 // apiTimeout is the deadline of each request to the API server.

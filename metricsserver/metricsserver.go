@@ -15,9 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tessera-dev/tessera/component"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,8 +54,8 @@ type Addresses struct {
 
 // AddFlags registers --metrics-address and --health-address.
 func (a *Addresses) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&a.MetricsAddress, "metrics-address", envOr("METRICS_ADDRESS", DefaultMetricsAddress), "Address (host:port) to serve Prometheus metrics at /metrics, and liveness at /healthz, over plain HTTP; empty serves nothing there. The default is the loopback interface only; \"0.0.0.0:8080\" or \":8080\" opens them on every interface, for a Prometheus on the pod network. Environment: METRICS_ADDRESS.")
-	fs.StringVar(&a.HealthAddress, "health-address", envOr("HEALTH_ADDRESS", ""), "Address (host:port) to serve liveness alone at /healthz over plain HTTP, for the kubelet's probes, e.g. \":8081\" (every interface); empty serves /healthz only at --metrics-address. Environment: HEALTH_ADDRESS.")
+	fs.StringVar(&a.MetricsAddress, "metrics-address", component.Env("METRICS_ADDRESS", DefaultMetricsAddress), "Address (host:port) to serve Prometheus metrics at /metrics, and liveness at /healthz, over plain HTTP; empty serves nothing there. The default is the loopback interface only; \"0.0.0.0:8080\" or \":8080\" opens them on every interface, for a Prometheus on the pod network. Environment: METRICS_ADDRESS.")
+	fs.StringVar(&a.HealthAddress, "health-address", component.Env("HEALTH_ADDRESS", ""), "Address (host:port) to serve liveness alone at /healthz over plain HTTP, for the kubelet's probes, e.g. \":8081\" (every interface); empty serves /healthz only at --metrics-address. Environment: HEALTH_ADDRESS.")
 }
 
 // Validate checks that each address is host:port or empty.
@@ -69,13 +69,6 @@ func (a *Addresses) Validate() error {
 		}
 	}
 	return nil
-}
-
-func envOr(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
 }
 
 // Server serves one registry and a liveness check until Stop.

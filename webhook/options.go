@@ -3,11 +3,11 @@ package webhook
 import (
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/spf13/pflag"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/metricsserver"
 )
 
@@ -31,9 +31,9 @@ type Options struct {
 
 // AddFlags registers the options.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.BindAddress, "bind-address", env("BIND_ADDRESS", "0.0.0.0"), "IP address to serve admission reviews on (0.0.0.0 or :: for every interface). Environment: BIND_ADDRESS.")
+	fs.StringVar(&o.BindAddress, "bind-address", component.Env("BIND_ADDRESS", "0.0.0.0"), "IP address to serve admission reviews on (0.0.0.0 or :: for every interface). Environment: BIND_ADDRESS.")
 	port := 8443
-	if v := env("PORT", ""); v != "" {
+	if v := component.Env("PORT", ""); v != "" {
 		p, err := strconv.Atoi(v)
 		if err != nil {
 			o.envErr = fmt.Errorf("environment PORT=%q: want a port number: %w", v, err)
@@ -41,8 +41,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		port = p
 	}
 	fs.IntVar(&o.Port, "port", port, "HTTPS port to serve admission reviews on, at path "+Path+" (liveness at /healthz). Environment: PORT.")
-	fs.StringVar(&o.TLSCertFile, "tls-cert-file", env("TLS_CERT_FILE", ""), "Serving certificate (PEM; the chain after the leaf), e.g. tls.crt of a kubernetes.io/tls Secret that cert-manager renews. Read again when it changes; no restart needed. Environment: TLS_CERT_FILE.")
-	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", env("TLS_PRIVATE_KEY_FILE", ""), "Key of the serving certificate (PEM), e.g. tls.key of the same Secret. Environment: TLS_PRIVATE_KEY_FILE.")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", component.Env("TLS_CERT_FILE", ""), "Serving certificate (PEM; the chain after the leaf), e.g. tls.crt of a kubernetes.io/tls Secret that cert-manager renews. Read again when it changes; no restart needed. Environment: TLS_CERT_FILE.")
+	fs.StringVar(&o.TLSPrivateKeyFile, "tls-private-key-file", component.Env("TLS_PRIVATE_KEY_FILE", ""), "Key of the serving certificate (PEM), e.g. tls.key of the same Secret. Environment: TLS_PRIVATE_KEY_FILE.")
 	o.Addresses.AddFlags(fs)
 }
 
@@ -61,11 +61,4 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--tls-cert-file and --tls-private-key-file are required: the API server only calls webhooks over HTTPS; mount a kubernetes.io/tls Secret (from cert-manager or made by hand) and point them at its tls.crt and tls.key")
 	}
 	return o.Addresses.Validate()
-}
-
-func env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
 }

@@ -5,6 +5,7 @@ package nodeopen
 
 import (
 	"fmt"
+	"github.com/tessera-dev/tessera/component"
 	"os"
 	"path/filepath"
 
@@ -35,12 +36,12 @@ type Options struct {
 // AddFlags registers the options, with environment fallbacks for DaemonSets.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	host, _ := os.Hostname()
-	fs.StringVar(&o.NodeName, "node-name", env("NODE_NAME", host), "Name of this node. Environment: NODE_NAME.")
-	fs.StringVar(&o.DriverRoot, "driver-root", env("DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, tools and possibly device nodes). Environment: DRIVER_ROOT.")
-	fs.StringVar(&o.HostDriverRoot, "host-driver-root", env("HOST_DRIVER_ROOT", ""), "The driver root's path on the host, which CDI specs and MPS daemon pods name, when the plugin's container sees it elsewhere (the chart mounts the host's driver root at /driver-root and passes --driver-root=/driver-root). Empty: the same as --driver-root. Environment: HOST_DRIVER_ROOT.")
-	fs.StringVar(&o.FakeNode, "fake-node", env("FAKE_NODE", ""), fmt.Sprintf("Simulate a GPU node instead of using NVML; one of: %v. Environment: FAKE_NODE.", fakenode.Profiles()))
-	fs.StringVar(&o.FakeRoot, "fake-root", env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver). Default: a directory under the system temp dir. Environment: FAKE_ROOT.")
-	fs.StringVar(&o.FakeClique, "fake-clique", env("FAKE_CLIQUE", ""), "Override a fake node's multi-node NVLink clique as <clusterUUID>.<cliqueID>. Environment: FAKE_CLIQUE.")
+	fs.StringVar(&o.NodeName, "node-name", component.Env("NODE_NAME", host), "Name of this node. Environment: NODE_NAME.")
+	fs.StringVar(&o.DriverRoot, "driver-root", component.Env("DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, tools and possibly device nodes). Environment: DRIVER_ROOT.")
+	fs.StringVar(&o.HostDriverRoot, "host-driver-root", component.Env("HOST_DRIVER_ROOT", ""), "The driver root's path on the host, which CDI specs and MPS daemon pods name, when the plugin's container sees it elsewhere (the chart mounts the host's driver root at /driver-root and passes --driver-root=/driver-root). Empty: the same as --driver-root. Environment: HOST_DRIVER_ROOT.")
+	fs.StringVar(&o.FakeNode, "fake-node", component.Env("FAKE_NODE", ""), fmt.Sprintf("Simulate a GPU node instead of using NVML; one of: %v. Environment: FAKE_NODE.", fakenode.Profiles()))
+	fs.StringVar(&o.FakeRoot, "fake-root", component.Env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver). Default: a directory under the system temp dir. Environment: FAKE_ROOT.")
+	fs.StringVar(&o.FakeClique, "fake-clique", component.Env("FAKE_CLIQUE", ""), "Override a fake node's multi-node NVLink clique as <clusterUUID>.<cliqueID>. Environment: FAKE_CLIQUE.")
 }
 
 // Validate reports flag mistakes before anything is opened.
@@ -87,11 +88,4 @@ func (o *Options) Open() (*gpulib.Node, error) {
 		return nil, err
 	}
 	return &n.Node, nil
-}
-
-func env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
 }

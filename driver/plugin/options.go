@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	"k8s.io/utils/clock"
 
+	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/driver/daemonpod"
 	"github.com/tessera-dev/tessera/driver/features"
 	"github.com/tessera-dev/tessera/driver/health"
@@ -111,21 +111,21 @@ type Options struct {
 // AddFlags registers the options.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Node.AddFlags(fs)
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", component.Env("KUBECONFIG", ""), "Path to a kubeconfig; empty means the in-cluster service account. Environment: KUBECONFIG.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 50, "Queries per second to the API server. Prepares read claims from it, so keep this above the expected prepare rate.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", 100, "Burst of queries to the API server.")
 	fs.DurationVar(&o.KubeAPITimeout, "kube-api-timeout", DefaultKubeAPITimeout, "How long a request to the API server may go unanswered (a watch: until its first response) before it fails. Prepares read claims from the API server within the kubelet's 45 s.")
-	fs.StringVar(&o.CDIRoot, "cdi-root", env("CDI_ROOT", "/var/run/cdi"), "Directory the container runtime reads CDI specs from. Environment: CDI_ROOT.")
-	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket, checkpoint, GPU health state (health.json) and last-known GPU descriptions (gpus.json). Environment: PLUGIN_DATA_DIR.")
-	fs.StringVar(&o.RegistrarDir, "registrar-dir", env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
-	fs.StringVar(&o.BootIDFile, "boot-id-file", env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
-	fs.StringVar(&o.TimeSlicedGPUs, "time-sliced-gpus", env("TIME_SLICED_GPUS", ""), "GPUs that independent claims share by time-slicing, each cut into N slices the scheduler hands out one per claim (never more than N): comma-separated SELECTOR=N, SELECTOR being all, a GPU index or a GPU UUID (e.g. all=4 or 0=2,1=8). Shared GPUs are offered whole only, not as MIG partitions. Environment: TIME_SLICED_GPUS.")
-	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
-	fs.StringVar(&o.Namespace, "namespace", env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
-	fs.StringVar(&o.MPSImage, "mps-image", env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused (daemons started before still stop when their claims are unprepared). Environment: MPS_IMAGE.")
-	fs.StringVar(&o.IMEXImage, "imex-image", env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails (daemons started before still stop when their claims are unprepared). Environment: IMEX_IMAGE.")
+	fs.StringVar(&o.CDIRoot, "cdi-root", component.Env("CDI_ROOT", "/var/run/cdi"), "Directory the container runtime reads CDI specs from. Environment: CDI_ROOT.")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", component.Env("PLUGIN_DATA_DIR", filepath.Join("/var/lib/kubelet/plugins", slices.DriverName)), "Directory for the plugin's socket, checkpoint, GPU health state (health.json) and last-known GPU descriptions (gpus.json). Environment: PLUGIN_DATA_DIR.")
+	fs.StringVar(&o.RegistrarDir, "registrar-dir", component.Env("REGISTRAR_DIR", "/var/lib/kubelet/plugins_registry"), "The kubelet's plugin registration directory. Environment: REGISTRAR_DIR.")
+	fs.StringVar(&o.BootIDFile, "boot-id-file", component.Env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"), "File holding the kernel's boot ID; prepared state from an earlier boot is discarded. Environment: BOOT_ID_FILE.")
+	fs.StringVar(&o.TimeSlicedGPUs, "time-sliced-gpus", component.Env("TIME_SLICED_GPUS", ""), "GPUs that independent claims share by time-slicing, each cut into N slices the scheduler hands out one per claim (never more than N): comma-separated SELECTOR=N, SELECTOR being all, a GPU index or a GPU UUID (e.g. all=4 or 0=2,1=8). Shared GPUs are offered whole only, not as MIG partitions. Environment: TIME_SLICED_GPUS.")
+	fs.StringVar(&o.MemorySharedGPUs, "memory-shared-gpus", component.Env("MEMORY_SHARED_GPUS", ""), "GPUs that independent claims share by memory: each claim asks for an amount (capacity.requests.memory, in whole GiB) and the scheduler never hands out more than the GPU has; comma-separated selectors (all, GPU indexes, GPU UUIDs). Environment: MEMORY_SHARED_GPUS.")
+	fs.StringVar(&o.Namespace, "namespace", component.Env("POD_NAMESPACE", "tessera-system"), "The plugin's namespace, where it runs MPS control daemons. Environment: POD_NAMESPACE.")
+	fs.StringVar(&o.MPSImage, "mps-image", component.Env("MPS_IMAGE", ""), "Image of the MPS control daemon pods; its entrypoint is not used (the daemon binary comes from the driver root). Empty: the plugin's own image is not known, MPS claims are refused (daemons started before still stop when their claims are unprepared). Environment: MPS_IMAGE.")
+	fs.StringVar(&o.IMEXImage, "imex-image", component.Env("IMEX_IMAGE", ""), "Image of the IMEX daemon pods the plugin runs for gang domain claims on multi-node NVLink domains (GB200 NVL72), one per claim on each node of the gang, configured with exactly the gang's nodes; its entrypoint is not used (nvidia-imex comes from the driver root). Empty: no IMEX daemons; run nvidia-imex on the gang's nodes yourself or multi-node CUDA memory sharing fails (daemons started before still stop when their claims are unprepared). Environment: IMEX_IMAGE.")
 	fs.IntVar(&o.IMEXPort, "imex-port", 50000, "TCP port of the IMEX daemons (their SERVER_PORT), on the node's InternalIP; the same on every node.")
-	fs.StringVar(&o.CDIHook, "cdi-hook", env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
+	fs.StringVar(&o.CDIHook, "cdi-hook", component.Env("CDI_HOOK", ""), "Host path of tessera-cdi-hook (the chart installs it under the plugin's data directory), which every claim's CDI spec runs as a createContainer hook to link the driver's libraries and add them to the container's loader cache. Empty: no hook, and containers whose image loads libraries from other directories than the driver's cannot find libcuda. Environment: CDI_HOOK.")
 	fs.IntVar(&o.MIGSpareGPUs, "mig-spare-gpus", DefaultMIGSpareGPUs, "With LazyMIG: how many free GPUs' MIG partitions each node publishes besides those of the GPUs already partitioned (0 means the default). A claim whose partitions must span more GPUs than are partitioned or spare cannot be allocated on the node; raise this for such claims (8 publishes every partition).")
 	fs.DurationVar(&o.MIGPublishInterval, "mig-publish-interval", DefaultMIGPublishInterval, "With LazyMIG: the least time between two writes of the node's ResourceSlices that prepares and unprepares cause (a partitioned GPU opening the next spare, a freed one closing). Changes within it are published together in one write at its end; the first change after a quiet spell is published at once, and health changes always are. Delaying a write only delays what the scheduler may allocate: a withdrawal is still decided, and checked against the claims, when it is written (0 means the default).")
 	fs.DurationVar(&o.MIGWithdrawGrace, "mig-withdraw-grace", DefaultMIGWithdrawGrace, "With LazyMIG: how long a freed GPU's partitions stay published under a NoSchedule taint before they are withdrawn. It must outlast the scheduler's longest binding cycle (VolumeBinding's bindTimeoutSeconds, 600 s by default) and the kubelet's time to prepare a bound pod: a partition allocated before the taint and prepared after the withdrawal would be invisible to the scheduler's counters.")
@@ -135,7 +135,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	}
 	o.FeatureGates.AddFlag(fs)
 	o.Addresses.AddFlags(fs)
-	fs.StringVar(&o.PodUID, "pod-uid", env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side; each change of the node's prepared state is serialised across them by a file lock and starts from the checkpoint on disk. Environment: POD_UID.")
+	fs.StringVar(&o.PodUID, "pod-uid", component.Env("POD_UID", ""), "UID of the plugin's pod (downward API); enables the kubelet's rolling-update mode: two instances serve side by side; each change of the node's prepared state is serialised across them by a file lock and starts from the checkpoint on disk. Environment: POD_UID.")
 }
 
 // Validate checks the options before anything starts.
@@ -185,13 +185,6 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--kube-api-timeout %v: want a positive duration", o.KubeAPITimeout)
 	}
 	return o.Health.Validate()
-}
-
-func env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
 }
 
 // gates returns the feature gates, defaults when none were set.
