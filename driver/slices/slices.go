@@ -49,15 +49,16 @@ const (
 	TypeGPU = "gpu"
 )
 
-// API limits per ResourceSlice (resource.k8s.io/v1).
+// API limits per ResourceSlice, as the API (resource.k8s.io/v1) defines
+// them: a Kubernetes upgrade that changes one changes ours.
 const (
-	MaxDevicesPerSlice = 128
+	MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevices
 	// MaxDevicesPerSliceWithCounters applies when any device has taints,
 	// consumes counters or uses list attributes.
-	MaxDevicesPerSliceWithCounters = 64
-	MaxAttributesAndCapacities     = 32
-	MaxCounterSetsPerSlice         = 8
-	MaxCountersPerSet              = 32
+	MaxDevicesPerSliceWithCounters = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+	MaxAttributesAndCapacities     = resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice
+	MaxCounterSetsPerSlice         = resourceapi.ResourceSliceMaxCounterSets
+	MaxCountersPerSet              = resourceapi.ResourceSliceMaxCountersPerCounterSet
 )
 
 // GPUDevice is the published form of one whole GPU.
