@@ -80,8 +80,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // (recorded by the state machine, so that a restart tells its spec from an
 // orphan), refuses a device on a lost GPU (health.go), else delegates.
 func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	// In flight from the kubelet's call to the answer, refusals included.
+	defer d.metrics.preparing()()
 	if domain.Has(d.domains.Driver, c) {
-		defer d.metrics.preparing()()
 		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
 	}
 	if err := d.refuseLost(ctx, c); err != nil {
@@ -90,7 +91,6 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if d.lazy != nil {
 		defer d.lazy.pin(c)()
 	}
-	defer d.metrics.preparing()() // after the pin: a test waits for it
 	return d.claims.Prepare(ctx, c)
 }
 

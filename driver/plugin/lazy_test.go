@@ -376,8 +376,8 @@ func TestAPrepareInFlightOnTheSpareOpensNoOtherGPU(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// The prepare is in flight, its partition pinned. A fault on gpu-0
-	// makes the plugin decide and publish now; that one write is all.
+	// The prepare is in flight, waiting for the claim's lock. A fault on
+	// gpu-0 makes the plugin decide and publish now; that one write is all.
 	before := h.sliceWrites()
 	h.republished("a partition of the spare being prepared", 0, map[string]string{"gpu-7": "open"})
 	if n := h.sliceWrites() - before; n != 1 {
