@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -32,7 +33,8 @@ import (
 // may still run there; those running when the reservation starts are
 // evicted, on the strength of ends that come (backfill.go). Gangs of no
 // higher priority are kept out of the domain meanwhile
-// (status.reservation). Like a placement, the reservation is
+// (status.reservation); gangs and pods of higher priority are not, and the
+// rules leave the nodes they need (yield.go). Like a placement, the reservation is
 // recomputed from the API on every look: a crash at any step leaves rules
 // that the next look keeps or deletes.
 
@@ -48,7 +50,7 @@ import (
 // domain by priority (heldDomains), from status.reservation; backfill is
 // judged by reserveIn. As taints as well, a reservation would keep its own
 // gang out and hold against gangs of higher priority, which heldDomains
-// lets in.
+// lets in (and whose members' way yieldToGang clears in the API).
 func reservationRule(rule *resourceapi.DeviceTaintRule) bool {
 	if _, ok := rule.Labels[gangv1.LabelReservation]; !ok {
 		return false
@@ -240,6 +242,25 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			best.start = old.Start.Time
 		}
 	}
+	// The reservation holds nothing against what outranks it or was placed
+	// before it: nodes where a released member of a placement waits for
+	// the scheduler to allocate its claims (a rule now would refuse it),
+	// and nodes a pending pod of higher priority fits on only with the
+	// reservation gone, are left untainted (and their backfill alone).
+	yielded := map[string][]string{}
+	for _, pn := range v.pins {
+		if slices.Contains(best.nodes, pn.node) {
+			yielded[pn.node] = append(yielded[pn.node], "the released member "+pn.pod.Namespace+"/"+pn.pod.Name)
+		}
+	}
+	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }))
+	if err != nil {
+		return false, 0, err
+	}
+	for n, who := range toPods {
+		yielded[n] = append(yielded[n], who...)
+	}
+	best.nodes = slices.DeleteFunc(best.nodes, func(n string) bool { return yielded[n] != nil })
 	// Backfill pods are stopped ahead of the start by their grace period,
 	// so that they have ended by then; from that moment the rules keep
 	// new backfill pods off.
@@ -300,6 +321,13 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	}
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
+	}
+	if len(yielded) > 0 {
+		var left []string
+		for _, n := range slices.Sorted(maps.Keys(yielded)) {
+			left = append(left, fmt.Sprintf("left %s to %s", n, strings.Join(capped(yielded[n]), ", ")))
+		}
+		msg += "; " + strings.Join(left, "; ")
 	}
 	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
