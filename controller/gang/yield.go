@@ -201,7 +201,7 @@ func (r *reconciler) yieldToGang(ctx context.Context, g *gangv1.Gang, priority i
 // nodePools maps nodes to the pools of the driver's slices on them, read
 // from the API server.
 func (r *reconciler) nodePools(ctx context.Context, nodes []string) (map[string]string, error) {
-	list, err := r.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + r.driver})
+	list, err := r.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + r.driver})
 	if err != nil {
 		return nil, fmt.Errorf("list the resource slices of driver %s: %w", r.driver, err)
 	}
