@@ -80,7 +80,11 @@ type Controller struct {
 
 	mu      sync.Mutex
 	members map[string]gangv1.Members // gang key -> how it picks its pods
-	stopped chan error
+	// reserving: gang key -> the priority of its reservation, for the
+	// pending pods of higher priority that may be given its nodes
+	// (yieldToPods).
+	reserving map[string]int32
+	stopped   chan error
 }
 
 // New wires the controller to the informer factories (started by the caller
@@ -120,6 +124,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 		gangInf:   gangs.Informer(),
 		broadcast: broadcast,
 		members:   map[string]gangv1.Members{},
+		reserving: map[string]int32{},
 		stopped:   make(chan error, 1),
 	}
 	c.r.allGangs = c.cachedGangs
@@ -262,11 +267,16 @@ func (c *Controller) gangChanged(obj any) {
 	}
 	key := u.GetNamespace() + "/" + u.GetName()
 	if g, err := FromUnstructured(u); err == nil {
+		c.mu.Lock()
 		if m, err := gangv1.Validate(g); err == nil {
-			c.mu.Lock()
 			c.members[key] = m
-			c.mu.Unlock()
 		}
+		if res := g.Status.Reservation; res != nil && g.DeletionTimestamp == nil {
+			c.reserving[key] = res.Priority
+		} else {
+			delete(c.reserving, key)
+		}
+		c.mu.Unlock()
 	}
 	c.queue.Add(key)
 }
@@ -290,6 +300,7 @@ func (c *Controller) gangDeleted(obj any) {
 	if u, ok := obj.(*unstructured.Unstructured); ok {
 		c.mu.Lock()
 		delete(c.members, u.GetNamespace()+"/"+u.GetName())
+		delete(c.reserving, u.GetNamespace()+"/"+u.GetName())
 		c.mu.Unlock()
 	}
 	c.queue.Add(sweepRulesKey)
@@ -313,6 +324,15 @@ func (c *Controller) podChanged(obj any) {
 	for key, m := range c.members {
 		if ns, _, _ := cache.SplitMetaNamespaceKey(key); ns == p.Namespace && m.Matches(p) {
 			c.queue.Add(key)
+		}
+	}
+	// A pod the scheduler could not place may be given the nodes of a
+	// reservation of lower priority.
+	if p.Spec.NodeName == "" && unschedulable(p) {
+		for key, priority := range c.reserving {
+			if podPriority(p) > priority {
+				c.queue.Add(key)
+			}
 		}
 	}
 }

@@ -156,7 +156,13 @@ func (r *reconciler) grow(ctx context.Context, g *gangv1.Gang, v *view, id strin
 		logger.V(2).Info("Growth rolled back", "why", conflict)
 		return result{requeueAfter: time.Second}, rbErr
 	}
-	if err := r.releaseAll(ctx, p, id); err != nil {
+	priority, _ := gangPriority(v)
+	yield := func() error {
+		return r.yieldToGang(ctx, g, priority, p.nodes, func(nodes []string) (map[string]string, error) {
+			return poolsOf(snap, r.driver, nodes), nil
+		})
+	}
+	if err := r.releaseAll(ctx, p, id, yield); err != nil {
 		return result{}, err // committed: the next look releases the rest
 	}
 	_, most := gangv1.Bounds(&g.Spec)

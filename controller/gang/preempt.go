@@ -80,16 +80,31 @@ func heldDomains(gangs []*gangv1.Gang, self *gangv1.Gang, priority int32) map[st
 		if pre := o.Status.Preemption; pre != nil && pre.Priority > priority {
 			held[pre.Domain] = fmt.Sprintf("held for gang %s/%s (priority %d), which preempted pods there", o.Namespace, o.Name, pre.Priority)
 		}
-		// A reservation holds against gangs of its priority too, if its
-		// gang came first (then by UID): one of two gangs that reserved
-		// the same domain from stale caches gives way.
-		if res := o.Status.Reservation; res != nil && (res.Priority > priority || res.Priority == priority && before(o, self)) {
+		if res := o.Status.Reservation; res != nil && reservationHolds(o, self, priority) {
 			if _, ok := held[res.Domain]; !ok {
 				held[res.Domain] = fmt.Sprintf("reserved for gang %s/%s (priority %d) from %s", o.Namespace, o.Name, res.Priority, res.Start.UTC().Format(time.RFC3339))
 			}
 		}
 	}
 	return held
+}
+
+// reservationHolds says whether gang o's reservation holds its devices
+// against a gang (self) or, with self nil, a pod of priority: against lower
+// priorities, and against a gang of its own priority that came after it
+// (then by UID: one of two gangs that reserved the same domain from stale
+// caches gives way). Against anything else it yields: such a gang may be
+// placed in its domain (heldDomains), and the rules go from the nodes it is
+// placed on (yieldToGang); such a pod is given a node (yieldToPods).
+func reservationHolds(o, self *gangv1.Gang, priority int32) bool {
+	res := o.Status.Reservation
+	if res == nil {
+		return false
+	}
+	if res.Priority != priority {
+		return res.Priority > priority
+	}
+	return self == nil || before(o, self)
 }
 
 // before orders gangs of one priority: the older first, then by UID.

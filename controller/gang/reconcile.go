@@ -308,7 +308,15 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	if _, err := r.handOff(ctx, g, p.members, st); err != nil {
 		logger.Error(err, "Could not hand the reservation of a placed gang over; the next look does")
 	}
-	if err := r.releaseAll(ctx, p, id); err != nil {
+	// Reservations that do not hold against this gang leave the pools its
+	// members go to before the scheduler sees them.
+	priority, _ := gangPriority(v)
+	yield := func() error {
+		return r.yieldToGang(ctx, g, priority, p.nodes, func(nodes []string) (map[string]string, error) {
+			return poolsOf(snap, r.driver, nodes), nil
+		})
+	}
+	if err := r.releaseAll(ctx, p, id, yield); err != nil {
 		return result{}, err // committed: the next reconcile releases the rest
 	}
 	notMet := spreadNotMet(gangv1.PlacementOf(&g.Spec), nodes, p.nodes)
@@ -437,12 +445,23 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		}
 	}
 	if len(lost) == 0 {
-		// Resume releasing members a crash left gated.
+		// Resume releasing members a crash left gated, once the
+		// reservations that do not hold against the gang have left the
+		// pools of every member not yet allocated (again on each look
+		// until the scheduler has allocated them all).
 		var gated []*member
+		var waiting []string
 		for _, m := range in {
 			if m.gated() {
 				gated = append(gated, m)
 			}
+			if !allAllocated([]*member{m}) {
+				waiting = append(waiting, nodeOf(m, v))
+			}
+		}
+		priority, _ := gangPriority(v)
+		if err := r.yieldToGang(ctx, g, priority, waiting, func(nodes []string) (map[string]string, error) { return r.nodePools(ctx, nodes) }); err != nil {
+			return true, result{requeueAfter: time.Second}, err
 		}
 		err := parallel(len(gated), func(i int) error {
 			return release(ctx, r.client, gated[i], nodeOf(gated[i], v), id)
@@ -664,10 +683,14 @@ func (r *reconciler) writeClaims(ctx context.Context, g *gangv1.Gang, id string,
 }
 
 // releaseAll releases the members of committed plan p (placement id) onto
-// their nodes, in parallel; the StepRelease test hook may cut it first.
-func (r *reconciler) releaseAll(ctx context.Context, p *plan, id string) error {
+// their nodes, in parallel, once yield has cleared their way (yieldToGang);
+// the StepRelease test hook may cut it first.
+func (r *reconciler) releaseAll(ctx context.Context, p *plan, id string, yield func() error) error {
 	if r.interrupt != nil && r.interrupt(StepRelease) {
 		return errInterrupted
+	}
+	if err := yield(); err != nil {
+		return err
 	}
 	return parallel(len(p.members), func(i int) error {
 		return release(ctx, r.client, p.members[i], p.nodes[i], id)

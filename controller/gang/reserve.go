@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -30,8 +31,10 @@ import (
 // would use then (DeviceTaintRules, effect NoSchedule), so that new pods do
 // not take what frees up. Backfill pods, whose claims tolerate the taint,
 // may still run there; those running when the reservation starts are
-// evicted. Gangs of no higher priority are kept out of the domain
-// meanwhile (status.reservation). Like a placement, the reservation is
+// evicted, on the strength of ends that come (backfill.go). Gangs of no
+// higher priority are kept out of the domain meanwhile
+// (status.reservation); gangs and pods of higher priority are not, and the
+// rules leave the nodes they need (yield.go). Like a placement, the reservation is
 // recomputed from the API on every look: a crash at any step leaves rules
 // that the next look keeps or deletes.
 
@@ -47,7 +50,7 @@ import (
 // domain by priority (heldDomains), from status.reservation; backfill is
 // judged by reserveIn. As taints as well, a reservation would keep its own
 // gang out and hold against gangs of higher priority, which heldDomains
-// lets in.
+// lets in (and whose members' way yieldToGang clears in the API).
 func reservationRule(rule *resourceapi.DeviceTaintRule) bool {
 	if _, ok := rule.Labels[gangv1.LabelReservation]; !ok {
 		return false
@@ -81,79 +84,6 @@ func (r *reconciler) modelledRule(rule *resourceapi.DeviceTaintRule) bool {
 // reservationWaitCap bounds the pods listed in a reservation's status.
 const reservationWaitCap = gangv1.MaxPreemptionVictims
 
-// expectedEnd is when the pod is expected to end: its start plus the
-// earlier of its activeDeadlineSeconds and its declared expected runtime
-// (a pod not started yet starts now at the earliest); false when it
-// declares neither.
-func expectedEnd(p *v1.Pod, now time.Time) (time.Time, bool) {
-	start := now
-	if p.Status.StartTime != nil {
-		start = p.Status.StartTime.Time
-	}
-	var end time.Time
-	ok := false
-	if s := p.Spec.ActiveDeadlineSeconds; s != nil && *s > 0 {
-		end, ok = start.Add(time.Duration(*s)*time.Second), true
-	}
-	if d, err := time.ParseDuration(p.Annotations[gangv1.AnnotationExpectedRuntime]); err == nil && d > 0 {
-		if e := start.Add(d); !ok || e.Before(end) {
-			end, ok = e, true
-		}
-	}
-	return end, ok
-}
-
-// overrunGrace is how long past its declared end a pod is still expected
-// to end: a kubelet enforcing activeDeadlineSeconds takes seconds; a pod
-// whose expected runtime was a lie stops holding a reservation after this.
-const overrunGrace = time.Minute
-
-// startOf is when the pod started (or was created, before it started).
-func startOf(p *v1.Pod) time.Time {
-	if p.Status.StartTime != nil {
-		return p.Status.StartTime.Time
-	}
-	return p.CreationTimestamp.Time
-}
-
-// tolerates says whether a device toleration tolerates gang's reservation
-// taint (effect NoSchedule): its key exactly, with operator Exists (any
-// reservation) or Equal to the gang's UID. A toleration of every taint
-// (no key) does not make a backfill pod: it is how pods tolerate health
-// taints.
-func tolerates(t resourceapi.DeviceToleration, gang types.UID) bool {
-	if t.Key != gangv1.TaintReserved || (t.Effect != "" && t.Effect != resourceapi.DeviceTaintEffectNoSchedule) {
-		return false
-	}
-	switch t.Operator {
-	case resourceapi.DeviceTolerationOpExists:
-		return true
-	case resourceapi.DeviceTolerationOpEqual, "":
-		return t.Value == string(gang)
-	}
-	return false
-}
-
-// backfill says whether the pod is a backfill pod for the gang: one of
-// its claims tolerates the gang's reservation.
-func (pr *preemptor) backfill(p *v1.Pod, gang types.UID) bool {
-	for _, c := range pr.podClaims[p.UID] {
-		for _, r := range c.Spec.Devices.Requests {
-			var tols []resourceapi.DeviceToleration
-			if r.Exactly != nil {
-				tols = append(tols, r.Exactly.Tolerations...)
-			}
-			for _, s := range r.FirstAvailable {
-				tols = append(tols, s.Tolerations...)
-			}
-			if slices.ContainsFunc(tols, func(t resourceapi.DeviceToleration) bool { return tolerates(t, gang) }) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // reservation is where and from when a gang can be placed once the pods
 // expected to end have.
 type reservation struct {
@@ -174,7 +104,14 @@ type reservation struct {
 // expected to end), and backfill pods of no higher priority than the gang
 // that declare none count as gone (they are evicted at the start). nil
 // when the gang does not fit even once they all have.
-func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since time.Time, priority int32, gang types.UID) (*reservation, error) {
+//
+// A pod of no higher priority that came onto a node after the gang's rule
+// there (tainted: node -> when the rule was created, or since if later),
+// and whose claims tolerate the rule's taint in any way, a toleration of
+// every taint included, is backfill too: it got there only by tolerating
+// the reservation. Members of placed gangs (placements: "<namespace>/<id>"
+// of every committed placement) are not: the controller placed them there.
+func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since time.Time, priority int32, gang types.UID, tainted map[string]time.Time, placements map[string]bool) (*reservation, error) {
 	on := map[string]bool{}
 	for _, n := range cand.nodes {
 		on[n] = true
@@ -194,7 +131,7 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since t
 		if !on[p.Spec.NodeName] || own[p.UID] || finished(p) || len(pr.podClaims[p.UID]) == 0 {
 			continue
 		}
-		evictable := podPriority(p) <= priority && pr.backfill(p, gang)
+		evictable := podPriority(p) <= priority && (pr.backfill(p, gang) || pr.cameUnder(p, gang, since, tainted, placements))
 		if evictable {
 			res.backfill = append(res.backfill, p)
 		}
@@ -264,6 +201,18 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	priority, _ := gangPriority(v)
 	pr := newPreemptor(snap, r.driver, nodes, pods, r.imex, v, now)
 	old := g.Status.Reservation
+	tainted, err := r.taintedSince(g, snap)
+	if err != nil {
+		return false, 0, err
+	}
+	placements := map[string]bool{}
+	if r.allGangs != nil {
+		for _, o := range r.allGangs() {
+			if id := o.Annotations[gangv1.AnnotationCommitted]; id != "" {
+				placements[o.Namespace+"/"+id] = true
+			}
+		}
+	}
 	var best *reservation
 	for _, c := range candidates(snap, r.driver, nodes) {
 		if _, held := v.held[c.pool]; held {
@@ -273,7 +222,7 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		if old != nil && old.Domain == c.pool {
 			since = old.Since.Time
 		}
-		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID)
+		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID, tainted, placements)
 		if err != nil {
 			return false, 0, err
 		}
@@ -293,6 +242,25 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			best.start = old.Start.Time
 		}
 	}
+	// The reservation holds nothing against what outranks it or was placed
+	// before it: nodes where a released member of a placement waits for
+	// the scheduler to allocate its claims (a rule now would refuse it),
+	// and nodes a pending pod of higher priority fits on only with the
+	// reservation gone, are left untainted (and their backfill alone).
+	yielded := map[string][]string{}
+	for _, pn := range v.pins {
+		if slices.Contains(best.nodes, pn.node) {
+			yielded[pn.node] = append(yielded[pn.node], "the released member "+pn.pod.Namespace+"/"+pn.pod.Name)
+		}
+	}
+	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }))
+	if err != nil {
+		return false, 0, err
+	}
+	for n, who := range toPods {
+		yielded[n] = append(yielded[n], who...)
+	}
+	best.nodes = slices.DeleteFunc(best.nodes, func(n string) bool { return yielded[n] != nil })
 	// Backfill pods are stopped ahead of the start by their grace period,
 	// so that they have ended by then; from that moment the rules keep
 	// new backfill pods off.
@@ -307,8 +275,20 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		return false, 0, err
 	}
 	logger := klog.FromContext(ctx)
+	// Backfill is evicted only on the strength of ends that come: the
+	// kubelet's (activeDeadlineSeconds, enforced), or a backfill pod's own
+	// eviction. A pod waited for on its declared runtime alone holds the
+	// backfill until it has really ended: its owner's word evicts no one
+	// else, however often it is given.
+	var unsure []string
+	for _, p := range best.waitingFor {
+		if !enforced(p) && !(slices.Contains(best.backfill, p) && slices.Contains(best.nodes, p.Spec.NodeName)) {
+			unsure = append(unsure, p.Namespace+"/"+p.Name)
+		}
+	}
+	sort.Strings(unsure)
 	var evicted []string
-	if stopping {
+	if stopping && len(unsure) == 0 {
 		for _, p := range best.backfill {
 			if !slices.Contains(best.nodes, p.Spec.NodeName) {
 				continue
@@ -331,11 +311,23 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	switch {
 	case !now.Before(best.start):
 		msg = fmt.Sprintf("reservation of %s of %s started at %s; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
+	case stopping && len(unsure) > 0:
+		msg = fmt.Sprintf("reservation of %s of %s starts at %s; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
 	case stopping:
 		msg = fmt.Sprintf("reservation of %s of %s starts at %s: backfill stopped ahead by its grace period; waiting for %d pods to end", strings.Join(best.nodes, ", "), best.domain, start, len(waitingFor))
 	}
+	if stopping && len(unsure) > 0 {
+		msg += fmt.Sprintf("; backfill runs on until %s ended (an end that rests on a declared runtime, or on a start not yet reported, evicts no one)", strings.Join(capped(unsure), ", "))
+	}
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
+	}
+	if len(yielded) > 0 {
+		var left []string
+		for _, n := range slices.Sorted(maps.Keys(yielded)) {
+			left = append(left, fmt.Sprintf("left %s to %s", n, strings.Join(capped(yielded[n]), ", ")))
+		}
+		msg += "; " + strings.Join(left, "; ")
 	}
 	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
@@ -351,6 +343,15 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		return true, d, nil
 	}
 	return true, 5 * time.Second, nil
+}
+
+// capped lists at most five names, and how many more there are.
+func capped(names []string) []string {
+	const most = 5
+	if len(names) <= most {
+		return names
+	}
+	return append(slices.Clone(names[:most]), fmt.Sprintf("%d more", len(names)-most))
 }
 
 // maxBackfillGrace bounds how far ahead of a reservation's start backfill

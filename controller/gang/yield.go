@@ -1,0 +1,213 @@
+package gang
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
+
+	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
+	"github.com/tessera-dev/tessera/driver/simulate"
+)
+
+// A reservation holds devices only against gangs and pods of lower or
+// equal priority (reservationHolds): it keeps new pods off the nodes
+// expected to free up first for a gang that may preempt nothing, and must
+// not keep a more important workload from GPUs that are free now. The
+// scheduler knows nothing of a reservation's priority (a DeviceTaintRule
+// holds against every claim that does not tolerate it), so the controller
+// takes its rules off the nodes such a workload needs:
+//
+//   - a gang it does not hold against is placed in its domain as if it
+//     were not there (heldDomains), and the rules on the pools of that
+//     gang's members go before they are released, and on each look until
+//     the scheduler has allocated them (yieldToGang); the reserving gang
+//     taints no node where a released member waits (reserve, v.pins);
+//   - a pod of higher priority that the scheduler could not place and that
+//     fits on a reserved node with the reservation gone is given that node:
+//     the reservation leaves it untainted (yieldToPods) until the pod is
+//     placed; the reservation is then recomputed around it.
+//
+// Nothing here allocates: deleting a rule only lets the scheduler's own
+// allocator, with its own record of allocated devices, see more devices.
+
+// maxYieldPods bounds the pending pods one look fits onto a reservation's
+// nodes.
+const maxYieldPods = 16
+
+// yieldToPods finds, for the pending pods of higher priority than a
+// reservation (priority) that the scheduler could not place, a node of the
+// reservation (on, in order) each fits on with the reservation gone: its
+// node selector, affinity and taints, the node's room, and its claims with
+// the scheduler's allocator over snap (where the controller's live
+// reservations are not applied, other rules are), each pod's devices taken
+// before the next is fitted. It returns node -> the pods given it. Pods
+// that the scheduler could not place because of this reservation get its
+// devices; a reservation holds nothing against them (reservationHolds).
+func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string) (map[string][]string, error) {
+	var want []*v1.Pod
+	for _, p := range pods {
+		if p.Spec.NodeName == "" && !finished(p) && len(p.Spec.SchedulingGates) == 0 && podPriority(p) > priority && unschedulable(p) && len(p.Spec.ResourceClaims) > 0 {
+			want = append(want, p)
+		}
+	}
+	if len(want) == 0 || len(on) == 0 {
+		return nil, nil
+	}
+	sort.SliceStable(want, func(i, j int) bool {
+		a, b := want[i], want[j]
+		if podPriority(a) != podPriority(b) {
+			return podPriority(a) > podPriority(b)
+		}
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+	})
+	if len(want) > maxYieldPods {
+		want = want[:maxYieldPods]
+	}
+	byName := map[string]*resourceapi.ResourceClaim{}
+	for _, c := range snap.Claims {
+		byName[c.Namespace+"/"+c.Name] = c
+	}
+	cluster := snap.Cluster(nil, nil)
+	room := newCapacity(nodes, pods)
+	out := map[string][]string{}
+	for _, p := range want {
+		claims, ok := unallocatedClaims(p, byName)
+		if !ok {
+			continue
+		}
+		req := requests(p)
+		for _, name := range on {
+			n := nodes[name]
+			if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
+				continue
+			}
+			res, err := cluster.AllocateOnNode(ctx, n, claims...)
+			if err != nil {
+				return nil, fmt.Errorf("fit pending pod %s/%s of priority %d on reserved node %s: %w", p.Namespace, p.Name, podPriority(p), name, err)
+			}
+			if res == nil {
+				continue
+			}
+			cluster.Commit(res...)
+			room.take(name, req)
+			out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
+			break
+		}
+	}
+	return out, nil
+}
+
+// unschedulable says whether the scheduler tried the pod and could not
+// place it (PodScheduled False, Unschedulable).
+func unschedulable(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled {
+			return c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable
+		}
+	}
+	return false
+}
+
+// unallocatedClaims are the pod's claims (byName: "<namespace>/<name>"),
+// false when one is not there yet or is allocated already (the pod is not
+// waiting for devices alone).
+func unallocatedClaims(p *v1.Pod, byName map[string]*resourceapi.ResourceClaim) ([]*resourceapi.ResourceClaim, bool) {
+	var out []*resourceapi.ResourceClaim
+	for i := range p.Spec.ResourceClaims {
+		name, _, err := resourceclaim.Name(p, &p.Spec.ResourceClaims[i])
+		if err != nil || name == nil {
+			return nil, false
+		}
+		c := byName[p.Namespace+"/"+*name]
+		if c == nil || c.Status.Allocation != nil {
+			return nil, false
+		}
+		out = append(out, c)
+	}
+	return out, len(out) > 0
+}
+
+// yieldToGang deletes the rules of other gangs' reservations that do not
+// hold against gang g (of priority; reservationHolds) from the pools of
+// nodes, where g's members are about to be released or wait for the
+// scheduler to allocate them: placement leaves such reservations out
+// (heldDomains lets g into their domains), but the scheduler knows nothing
+// of priorities and would refuse the members. The rules are listed from
+// the API server, so a rule created on the last look is not missed; pools
+// maps the nodes to their pools, and is called only when some gang's
+// reservation yields to g. The reserving gangs keep off those nodes while
+// g's members wait (v.pins in reserve).
+func (r *reconciler) yieldToGang(ctx context.Context, g *gangv1.Gang, priority int32, nodes []string, pools func([]string) (map[string]string, error)) error {
+	if r.taintRules == nil || r.allGangs == nil || len(nodes) == 0 {
+		return nil
+	}
+	yields := map[string]*gangv1.Gang{}
+	for _, o := range r.allGangs() {
+		if o.UID != g.UID && o.Status.Reservation != nil && !reservationHolds(o, g, priority) {
+			yields[string(o.UID)] = o
+		}
+	}
+	if len(yields) == 0 {
+		return nil
+	}
+	list, err := r.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: gangv1.LabelReservation})
+	if err != nil {
+		return fmt.Errorf("list reservation rules before releasing gang %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	var rules []*resourceapi.DeviceTaintRule
+	for i := range list.Items {
+		rule := &list.Items[i]
+		if reservationRule(rule) && yields[rule.Labels[gangv1.LabelReservation]] != nil && rule.Spec.DeviceSelector != nil && rule.Spec.DeviceSelector.Pool != nil {
+			rules = append(rules, rule)
+		}
+	}
+	if len(rules) == 0 {
+		return nil
+	}
+	byNode, err := pools(nodes)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, pool := range byNode {
+		want[pool] = true
+	}
+	logger := klog.FromContext(ctx)
+	for _, rule := range rules {
+		if !want[*rule.Spec.DeviceSelector.Pool] {
+			continue
+		}
+		o := yields[rule.Labels[gangv1.LabelReservation]]
+		if err := r.client.ResourceV1().DeviceTaintRules().Delete(ctx, rule.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete rule %s of gang %s/%s's reservation (priority %d) before releasing gang %s/%s (priority %d) onto pool %s: %w",
+				rule.Name, o.Namespace, o.Name, o.Status.Reservation.Priority, g.Namespace, g.Name, priority, *rule.Spec.DeviceSelector.Pool, err)
+		}
+		logger.Info("Reservation yields a pool to a gang it does not hold against", "pool", *rule.Spec.DeviceSelector.Pool, "rule", rule.Name, "reservedFor", klog.KObj(o), "reservedPriority", o.Status.Reservation.Priority, "priority", priority)
+		r.recorder.Eventf(o, v1.EventTypeNormal, gangv1.ReasonReserved, "left pool %s to gang %s/%s (priority %d), placed there", *rule.Spec.DeviceSelector.Pool, g.Namespace, g.Name, priority)
+	}
+	return nil
+}
+
+// nodePools maps nodes to the pools of the driver's slices on them, read
+// from the API server.
+func (r *reconciler) nodePools(ctx context.Context, nodes []string) (map[string]string, error) {
+	list, err := r.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + r.driver})
+	if err != nil {
+		return nil, fmt.Errorf("list the resource slices of driver %s: %w", r.driver, err)
+	}
+	snap := &simulate.Snapshot{}
+	for i := range list.Items {
+		snap.Slices = append(snap.Slices, &list.Items[i])
+	}
+	return poolsOf(snap, r.driver, nodes), nil
+}
