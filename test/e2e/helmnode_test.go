@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,18 +47,37 @@ const (
 	upgradeImage = "tessera.test/tessera:e2e-upgrade"
 )
 
-// buildTesseraImage builds Tessera's image as `make image-oci` does and
-// writes it to an OCI archive under dir, named tesseraImage and
-// upgradeImage.
-func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
+// tesseraImageBuild is the one build of Tessera's image that the tests
+// share (imageDir, removed by TestMain): every test that runs the image runs
+// the same binaries, so one build serves them all.
+var tesseraImageBuild struct {
+	once    sync.Once
+	archive string
+	err     error
+}
+
+// imageDir holds the shared build of Tessera's image; TestMain creates and
+// removes it.
+var imageDir string
+
+// buildTesseraImage builds Tessera's image as `make image-oci` does, once
+// for the whole package, and returns the OCI archive that holds it named
+// tesseraImage and upgradeImage. A test that calls it while another builds
+// waits for that build.
+func buildTesseraImage(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	start := time.Now()
-	archive, err := chartnode.BuildImage(ctx, "../..", dir, tesseraImage, upgradeImage)
-	if err != nil {
-		t.Fatal(err)
+	b := &tesseraImageBuild
+	b.once.Do(func() {
+		start := time.Now()
+		b.archive, b.err = chartnode.BuildImage(ctx, "../..", imageDir, tesseraImage, upgradeImage)
+		if b.err == nil {
+			t.Logf("Tessera's image built in %v", time.Since(start).Round(time.Millisecond))
+		}
+	})
+	if b.err != nil {
+		t.Fatalf("%v (the package's one build of Tessera's image failed)", b.err)
 	}
-	t.Logf("Tessera's image built in %v", time.Since(start).Round(time.Millisecond))
-	return archive
+	return b.archive
 }
 
 // TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart with
@@ -90,7 +110,7 @@ func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	archive := buildTesseraImage(ctx, t, t.TempDir())
+	archive := buildTesseraImage(ctx, t)
 	// An H100 node in a multi-node NVLink clique (cliqueA, FAKE_CLIQUE
 	// below), which the controller makes a domain of. (A GB200 tray has one
 	// of its own, but its driver is aarch64's and this machine's image is

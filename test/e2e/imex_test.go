@@ -42,7 +42,7 @@ func TestIMEXDaemonsServeATwoNodeGangOnGB200Trays(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	archive := buildTesseraImage(ctx, t, t.TempDir())
+	archive := buildTesseraImage(ctx, t)
 	trays := []string{"tray-1", "tray-2"}
 	var specs []cluster.NodeSpec
 	for _, name := range trays {

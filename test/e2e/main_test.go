@@ -42,7 +42,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cluster.AuditServiceAccounts(rbac.Namespace, auditDir)
+	if imageDir, err = os.MkdirTemp("", "tessera-image-"); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: e2e: create the dir of Tessera's image: %v\n", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	_ = os.RemoveAll(imageDir)
 	switch filtered := flag.Lookup("test.run").Value.String() + flag.Lookup("test.skip").Value.String(); {
 	case code != 0:
 		fmt.Fprintf(os.Stderr, "e2e: the roles' use was not checked: tests failed (audit logs kept in %s)\n", auditDir)
