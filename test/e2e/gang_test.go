@@ -64,6 +64,7 @@ func TestGangPlacement(t *testing.T) {
 	client := c.Client()
 
 	t.Run("SixteenMembersOfAnIndexedJobRunInOneCliqueWithDistinctRanks", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "train16"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -106,6 +107,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("ASpreadGangRunsOneMemberPerTrayWhereAPackedOneWouldShareATray", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "spread"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -132,6 +134,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("GangThatCannotFitHoldsNothingWhileSmallerWorkSchedulesAndStartsWhenCapacityFrees", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "nofit"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -182,6 +185,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("TwoGangsCompeteForOneCliqueOneWaitsWholeAndTheSmallestFittingDomainIsChosen", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "compete"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -230,6 +234,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("ControllerKilledMidPlacementEndsPlacedOrRolledBackNeverHalf", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		if err := ctl.stop(); err != nil {
 			t.Fatalf("stop the controller: %v", err)
 		}
@@ -242,11 +247,26 @@ func TestGangPlacement(t *testing.T) {
 			{"commit", gang.StepRelease, 1},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
+				c.LogsOnFailure(t)
 				ns := "kill-" + tc.name
 				c.newNamespace(ctx, t, ns)
 				c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 				noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
-				t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
+				// However the case ends, its gang goes (a controller that is
+				// not interrupted removes the finalizer) and no controller of
+				// it outlives it, so that the other case starts from the
+				// same cluster whether this one passed or not. Registered
+				// before the dying controller's stop, so it runs after it.
+				var live *runningController // the controller that finishes the placement
+				t.Cleanup(func() {
+					if live == nil {
+						live = startController(t, kubeconfig, "", nil)
+					}
+					gs.delete(context.WithoutCancel(ctx), t, ns, "g")
+					if err := live.stop(); err != nil {
+						t.Errorf("stop the controller: %v", err)
+					}
+				})
 				var reached atomic.Int32
 				dying := startController(t, kubeconfig, "", func(step string) bool {
 					return step == tc.step && reached.Add(1) == tc.after
@@ -294,7 +314,7 @@ func TestGangPlacement(t *testing.T) {
 				if (committed != "") != (tc.step == gang.StepRelease) {
 					t.Errorf("committed placement %q at step %s", committed, tc.step)
 				}
-				ctl = startController(t, kubeconfig, "", nil)
+				live = startController(t, kubeconfig, "", nil)
 				pods := c.waitAllRunning(ctx, t, ns, "gang=g", 8, 3*time.Minute)
 				g = gs.waitCondition(ctx, t, ns, "g", gangv1.ConditionPlaced, metav1.ConditionTrue, time.Minute)
 				final := g.Annotations[gangv1.AnnotationCommitted]
@@ -313,7 +333,7 @@ func TestGangPlacement(t *testing.T) {
 					t.Errorf("domain claim of placement %q reserved for %d pods, want %q and 8", dc.Annotations[gangv1.AnnotationPlacement], len(dc.Status.ReservedFor), final)
 				}
 				c.deleteGangAndMembers(ctx, t, gs, ns, "g") // the controller removes its finalizer
-				if err := ctl.stop(); err != nil {
+				if err := live.stop(); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -321,21 +341,21 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	e := gangEnv{parent: parent, c: c, gs: gs, kubeconfig: kubeconfig, ctl: &ctl}
-	t.Run("AGPUTakenBeforeTheReleaseKeepsEveryMemberFromBindingAndTheGangIsPlacedAgainWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheRelease(ctx, t) })
-	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
-	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
-	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
-	t.Run("AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", func(t *testing.T) { e.refusedAtPrepare(ctx, t) })
-	t.Run("AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", func(t *testing.T) { e.refusedThenFreed(ctx, t) })
-	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
-	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { e.smallPodStream(ctx, t) })
-	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { e.preemptsAWholeGang(ctx, t) })
-	t.Run("AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", func(t *testing.T) { e.reservesAndBackfills(ctx, t) })
-	t.Run("AnElasticGangStartsAtMinGrowsLosesAMemberAndGoesOn", func(t *testing.T) { e.elasticGrowsAndShrinks(ctx, t) })
-	t.Run("AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler", func(t *testing.T) { e.elasticPodGroupGrows(ctx, t) })
-	t.Run("ALeaderWorkerGangKeepsItsLeaderWhenWorkersArePreempted", func(t *testing.T) { e.leaderKeptWhenWorkersPreempted(ctx, t) })
+	t.Run("AGPUTakenBeforeTheReleaseKeepsEveryMemberFromBindingAndTheGangIsPlacedAgainWithoutIt", func(t *testing.T) { c.LogsOnFailure(t); e.deviceTakenBeforeTheRelease(ctx, t) })
+	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { c.LogsOnFailure(t); e.memberFails(ctx, t) })
+	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { c.LogsOnFailure(t); e.memberUnschedulable(ctx, t) })
+	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { c.LogsOnFailure(t); e.gangDeleted(ctx, t) })
+	t.Run("AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", func(t *testing.T) { c.LogsOnFailure(t); e.refusedAtPrepare(ctx, t) })
+	t.Run("AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", func(t *testing.T) { c.LogsOnFailure(t); e.refusedThenFreed(ctx, t) })
+	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { c.LogsOnFailure(t); e.selectorChangedMidPlacement(ctx, t) })
+	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { c.LogsOnFailure(t); e.smallPodStream(ctx, t) })
+	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { c.LogsOnFailure(t); e.preemptsAWholeGang(ctx, t) })
+	t.Run("AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", func(t *testing.T) { c.LogsOnFailure(t); e.reservesAndBackfills(ctx, t) })
+	t.Run("AnElasticGangStartsAtMinGrowsLosesAMemberAndGoesOn", func(t *testing.T) { c.LogsOnFailure(t); e.elasticGrowsAndShrinks(ctx, t) })
+	t.Run("AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler", func(t *testing.T) { c.LogsOnFailure(t); e.elasticPodGroupGrows(ctx, t) })
+	t.Run("ALeaderWorkerGangKeepsItsLeaderWhenWorkersArePreempted", func(t *testing.T) { c.LogsOnFailure(t); e.leaderKeptWhenWorkersPreempted(ctx, t) })
 	// Last: the cluster loses a node.
-	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
+	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { c.LogsOnFailure(t); e.nodeLeaves(ctx, t) })
 }
 
 // waitDomains waits until the controller publishes exactly these domain

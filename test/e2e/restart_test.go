@@ -64,6 +64,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	}
 
 	t.Run("KubeletRestartReregistersPluginAndLeavesPodsRunning", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.ListSlices(ctx, client, node.Name())
 		if err != nil {
 			t.Fatal(err)
@@ -108,6 +109,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	})
 
 	t.Run("PluginRestartWithin30sKeepsSlices", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.WaitForSlices(ctx, client, node.Name(), time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -140,6 +142,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	})
 
 	t.Run("PluginGoneOver30sLosesSlicesUntilItReturns", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.WaitForSlices(ctx, client, node.Name(), time.Minute)
 		if err != nil {
 			t.Fatal(err)

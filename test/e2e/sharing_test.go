@@ -34,6 +34,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	client := tc.Client()
 
 	t.Run("two pods share one claim's time-sliced GPU", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "notebooks"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -84,6 +85,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("pods of one claim share a GPU through an MPS daemon pod", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "mps"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -133,6 +135,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("independent claims take time slices up to N", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "slices"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -159,6 +162,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("memory shares fill one GPU without overcommit", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "memshares"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)

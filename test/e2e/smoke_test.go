@@ -48,6 +48,7 @@ func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
 	}
 
 	t.Run("PlainPodRuns", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		pod := newPod("plain")
 		if _, err := client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -62,6 +63,7 @@ func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
 	})
 
 	t.Run("ClaimFromTemplateIsAllocated", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		if err := c.Apply(ctx, []byte(deviceClassYAML)); err != nil {
 			t.Fatal(err)
 		}

@@ -29,6 +29,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	client := c.Client()
 
 	t.Run("ClaimFromTemplateGetsExactlyItsGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "template"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -50,6 +51,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("ClaimSharedByTwoPodsGivesBothTheSameGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "shared"
 		c.newNamespace(ctx, t, ns)
 		claim := &resourceapi.ResourceClaim{
@@ -83,6 +85,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("ExtendedResourceRequestGetsAGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "extended"
 		c.newNamespace(ctx, t, ns)
 		pod := newGPUPod(ns, "legacy")
@@ -103,6 +106,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("DeletedPodIsUnpreparedAndItsGPUAllocatableAgain", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "unprepare"
 		c.newNamespace(ctx, t, ns)
 		gpus := int64(node.gpuCount(t))
