@@ -106,6 +106,7 @@ func buildTesseraImage(ctx context.Context, t *testing.T) string {
 // pod (checkPluginPodReplaced), a drain (checkDrain) and helm uninstall
 // (checkUninstalled).
 func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)

@@ -38,6 +38,7 @@ import (
 // gang reports IMEXReady. Once the members are gone, both daemons and
 // their configuration directories are gone too.
 func TestIMEXDaemonsServeATwoNodeGangOnGB200Trays(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)

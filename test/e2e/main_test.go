@@ -1,6 +1,13 @@
 // Package e2e runs Tessera against a real local cluster (test/cluster):
 // real apiserver, scheduler, controller manager and kubelets with a fake
 // container runtime. Tests fail, never skip, when the machine cannot run it.
+//
+// Every test that starts a cluster runs beside the others (t.Parallel), as
+// many at once as go test's -parallel allows (GOMAXPROCS by default): each
+// has a cluster of its own (its dir, free ports, its own pod network), and
+// they spend most of their time waiting on the components' timers (the
+// kubelet's slice wipe, the controllers' graces and back-offs), not on the
+// CPU. Subtests of one test share its cluster and run in order.
 package e2e
 
 import (

@@ -23,6 +23,7 @@ const sliceWipeDelay = 30 * time.Second
 // long absence loses them until the plugin returns. The subtests run in
 // order on one node.
 func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, l4Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()

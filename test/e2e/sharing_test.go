@@ -22,6 +22,7 @@ import (
 // pcie-l4x4 node whose GPU 0 is cut into three time slices, GPU 1 is shared
 // by memory and GPUs 2 and 3 are whole, with the real scheduler allocating.
 func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
+	t.Parallel()
 	tc := startTessera(t, gpuNodeSpec{name: "share-node", profile: "pcie-l4x4", options: func(o *plugin.Options) {
 		o.TimeSlicedGPUs = "0=3"
 		o.MemorySharedGPUs = "1"

@@ -39,6 +39,7 @@ spec:
 // runtime; a pod with a claim template is scheduled onto the node that
 // publishes matching devices and its generated claim is allocated there.
 func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{Nodes: []cluster.NodeSpec{{Name: nodeName}}})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

@@ -22,6 +22,7 @@ var l4Node = gpuNodeSpec{name: "l4-node", profile: "pcie-l4x4"}
 // a deleted pod gives its GPU back. The subtests share the cluster; each
 // cleans up its namespace, so each finds every GPU free.
 func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, l4Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
