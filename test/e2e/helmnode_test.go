@@ -48,35 +48,53 @@ const (
 )
 
 // tesseraImageBuild is the one build of Tessera's image that the tests
-// share (imageDir, removed by TestMain): every test that runs the image runs
-// the same binaries, so one build serves them all.
+// share (in imageDir, which TestMain creates and removes): every test that
+// runs the image runs the same binaries, so one build serves them all.
 var tesseraImageBuild struct {
-	once    sync.Once
-	archive string
-	err     error
+	once     sync.Once
+	done     chan struct{} // closed when the build ended
+	archive  string
+	err      error
+	duration time.Duration
 }
 
-// imageDir holds the shared build of Tessera's image; TestMain creates and
-// removes it.
+// imageDir holds the shared build of Tessera's image.
 var imageDir string
 
-// buildTesseraImage builds Tessera's image as `make image-oci` does, once
-// for the whole package, and returns the OCI archive that holds it named
-// tesseraImage and upgradeImage. A test that calls it while another builds
-// waits for that build.
-func buildTesseraImage(ctx context.Context, t *testing.T) string {
-	t.Helper()
+// startTesseraImageBuild starts the package's one build of Tessera's image
+// in the background, unless it started already. TestMain starts it before
+// a run of the whole package: the build is mostly CPU and the tests mostly
+// wait, so it is done by the time a test needs the image.
+func startTesseraImageBuild() {
 	b := &tesseraImageBuild
 	b.once.Do(func() {
-		start := time.Now()
-		b.archive, b.err = chartnode.BuildImage(ctx, "../..", imageDir, tesseraImage, upgradeImage)
-		if b.err == nil {
-			t.Logf("Tessera's image built in %v", time.Since(start).Round(time.Millisecond))
-		}
+		b.done = make(chan struct{})
+		go func() {
+			defer close(b.done)
+			start := time.Now()
+			b.archive, b.err = chartnode.BuildImage(context.Background(), "../..", imageDir, tesseraImage, upgradeImage)
+			b.duration = time.Since(start)
+		}()
 	})
+}
+
+// buildTesseraImage returns the OCI archive of Tessera's image, built as
+// `make image-oci` does and named tesseraImage and upgradeImage, once for
+// the whole package: it starts the build if nothing did, and waits for it.
+func buildTesseraImage(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	startTesseraImageBuild()
+	b := &tesseraImageBuild
+	waited := time.Now()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		t.Fatalf("waiting for the build of Tessera's image: %v", context.Cause(ctx))
+	}
 	if b.err != nil {
 		t.Fatalf("%v (the package's one build of Tessera's image failed)", b.err)
 	}
+	t.Logf("Tessera's image built in %v; this test waited %v for it", b.duration.Round(time.Millisecond), time.Since(waited).Round(time.Millisecond))
 	return b.archive
 }
 
