@@ -41,9 +41,11 @@ func TestIMEXDaemonsServeATwoNodeGangOnGB200Trays(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
+	// The image first: the build is shared, and the test's ten minutes
+	// are for what it does with it.
+	archive := buildTesseraImage(ctx, t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	archive := buildTesseraImage(ctx, t)
 	trays := []string{"tray-1", "tray-2"}
 	var specs []cluster.NodeSpec
 	for _, name := range trays {
