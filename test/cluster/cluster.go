@@ -80,7 +80,9 @@ type Cluster struct {
 
 // Start brings up etcd, the control plane and every node, and returns once
 // all nodes are Ready and the default service account exists. On error
-// everything already started is stopped again.
+// everything already started is stopped again. Clusters of one process
+// start one at a time (starting), each once the machine has room for its
+// inotify instances (waitForInotify).
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	start := time.Now()
 	if err := CheckPrerequisites(); err != nil {
@@ -100,13 +102,27 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	}
 	register(c)
-	if err := c.start(ctx, opts); err != nil {
+	starting.Lock()
+	if err = waitForInotify(ctx, inotifyNeeded(opts)); err == nil {
+		waited := time.Since(start)
+		err = c.start(ctx, opts)
+		c.logger.V(2).Info("Waited to start", "dir", c.dir, "duration", waited.Round(time.Millisecond))
+	}
+	starting.Unlock()
+	if err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("start cluster in %s: %w", opts.Dir, err)
 	}
 	c.logger.Info("Cluster started", "dir", c.dir, "server", c.server, "nodes", len(c.nodes), "duration", time.Since(start).Round(time.Millisecond))
 	return c, nil
 }
+
+// starting lets one cluster of this process start at a time. A start is
+// mostly CPU (the API server's bootstrap, each kubelet's first second), and
+// tests that run side by side would otherwise start theirs together: on a
+// two-core machine the API servers then miss their readiness timeouts. A
+// running cluster mostly waits, so clusters still run side by side.
+var starting sync.Mutex
 
 func validate(opts *Options) error {
 	if opts.Dir == "" {

@@ -37,6 +37,7 @@ import (
 // and each container's role env. Deleting the CompositePodGroup takes its
 // gang.
 func TestCompositePodGroupRunsAsOneGangOfRoles(t *testing.T) {
+	t.Parallel()
 	const (
 		cliqueA = "3e9a61c2-5b7d-4f10-8c2e-6d4b1a7f9e03.1"
 		cliqueB = "3e9a61c2-5b7d-4f10-8c2e-6d4b1a7f9e03.2"

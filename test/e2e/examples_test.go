@@ -51,6 +51,7 @@ const nicDriver = "nic.example.com"
 // Every pod they create runs, except the one written not to fit, which the
 // scheduler leaves Unschedulable.
 func TestEveryExampleRunsOnTheLocalCluster(t *testing.T) {
+	t.Parallel()
 	withMPS := func(o *plugin.Options) { o.MPSImage = pause }
 	tc := startTessera(t,
 		gpuNodeSpec{name: "dgx-1", profile: "dgx-h100", options: withMPS},

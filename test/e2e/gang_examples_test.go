@@ -36,6 +36,7 @@ const rackLabel = "topology.kubernetes.io/rack"
 // gang runs in the clique with ranks by role (launcher 0, workers 1 and 2)
 // and each container's role env.
 func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
+	t.Parallel()
 	const clique = "5d1c9a40-77e2-4c61-8f0e-2b9d3a6c4e10.7"
 	c := startTessera(t,
 		gpuNodeSpec{name: "tray-1", profile: "gb200-nvl72-tray", clique: clique},

@@ -139,7 +139,10 @@ func (e gangEnv) smallPodStream(ctx context.Context, t *testing.T) {
 		if kill != "" {
 			name += "-kill-at-" + kill
 		}
-		if !t.Run(name, func(t *testing.T) { e.streamTrial(ctx, t, fmt.Sprintf("stream-%d", trial), kill, shape) }) {
+		if !t.Run(name, func(t *testing.T) {
+			e.c.LogsOnFailure(t)
+			e.streamTrial(ctx, t, fmt.Sprintf("stream-%d", trial), kill, shape)
+		}) {
 			return
 		}
 	}

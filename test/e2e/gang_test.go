@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,31 +40,81 @@ var (
 	jobName = "batch.kubernetes.io/job-name"
 )
 
-// TestGangPlacement runs gangs on five GB200 trays in two cliques with the
-// real kubelet plugin on each and tessera-controller as its own service
-// account. The subtests share the cluster; each cleans up after itself.
-func TestGangPlacement(t *testing.T) {
-	specs := []gpuNodeSpec{
-		{name: "tray-a1", profile: "gb200-nvl72-tray", clique: cliqueA},
-		{name: "tray-a2", profile: "gb200-nvl72-tray", clique: cliqueA},
-		{name: "tray-a3", profile: "gb200-nvl72-tray", clique: cliqueA},
-		{name: "tray-a4", profile: "gb200-nvl72-tray", clique: cliqueA},
-		{name: "tray-b1", profile: "gb200-nvl72-tray", clique: cliqueB},
-	}
-	c := startTessera(t, specs...)
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
-	defer cancel()
+// gangTrays are the nodes of a cluster of TestGangPlacement: five GB200
+// trays in two cliques.
+var gangTrays = []gpuNodeSpec{
+	{name: "tray-a1", profile: "gb200-nvl72-tray", clique: cliqueA},
+	{name: "tray-a2", profile: "gb200-nvl72-tray", clique: cliqueA},
+	{name: "tray-a3", profile: "gb200-nvl72-tray", clique: cliqueA},
+	{name: "tray-a4", profile: "gb200-nvl72-tray", clique: cliqueA},
+	{name: "tray-b1", profile: "gb200-nvl72-tray", clique: cliqueB},
+}
+
+// startGangEnv starts a cluster of gangTrays with the real kubelet plugin
+// on each and tessera-controller running as its own service account, and
+// waits until the controller publishes both cliques' domains.
+func startGangEnv(ctx context.Context, t *testing.T) gangEnv {
+	t.Helper()
+	c := startTessera(t, gangTrays...)
 	kubeconfig, err := installController(ctx, c.Cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctl := startController(t, kubeconfig, "", nil)
-	parent := t
 	waitDomains(ctx, t, c, map[string]int{poolA: 4, poolB: 1})
-	gs := newGangs(t, c.Cluster)
+	return gangEnv{parent: t, c: c, gs: newGangs(t, c.Cluster), kubeconfig: kubeconfig, ctl: &ctl}
+}
+
+// run runs f as t's subtest name on e's cluster; if it fails, its part of
+// the cluster's logs is kept (LogsOnFailure).
+func (e gangEnv) run(ctx context.Context, t *testing.T, name string, f func(context.Context, *testing.T)) bool {
+	return t.Run(name, func(t *testing.T) {
+		e.c.LogsOnFailure(t)
+		f(ctx, t)
+	})
+}
+
+// TestGangPlacement runs gangs on five GB200 trays in two cliques with the
+// real kubelet plugin on each and tessera-controller as its own service
+// account. The subtests run in two sequences side by side, each on a
+// cluster of its own (startGangEnv): they spend most of their time waiting
+// on the controller's grace, the Job controller's back-off and PodGC, and
+// one cluster ran them one after another for a quarter of an hour.
+// Within a sequence they share the cluster and run in order; each cleans up
+// after itself.
+func TestGangPlacement(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
+	defer cancel()
+	e := startGangEnv(ctx, t)
+	second := startGangEnv(ctx, t)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for _, s := range []struct {
+			name string
+			f    func(context.Context, *testing.T)
+		}{
+			{"AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", second.refusedAtPrepare},
+			{"AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", second.refusedThenFreed},
+			{"ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", second.selectorChangedMidPlacement},
+			{"AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", second.smallPodStream},
+			{"AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", second.preemptsAWholeGang},
+			{"AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", second.reservesAndBackfills},
+			{"AnElasticGangStartsAtMinGrowsLosesAMemberAndGoesOn", second.elasticGrowsAndShrinks},
+			{"AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler", second.elasticPodGroupGrows},
+			{"ALeaderWorkerGangKeepsItsLeaderWhenWorkersArePreempted", second.leaderKeptWhenWorkersPreempted},
+			{"ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", second.nodeLeaves},
+		} {
+			second.run(ctx, t, s.name, s.f)
+		}
+	})
+
+	c, gs, kubeconfig, parent := e.c, e.gs, e.kubeconfig, t
 	client := c.Client()
 
 	t.Run("SixteenMembersOfAnIndexedJobRunInOneCliqueWithDistinctRanks", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "train16"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -106,6 +157,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("ASpreadGangRunsOneMemberPerTrayWhereAPackedOneWouldShareATray", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "spread"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -132,6 +184,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("GangThatCannotFitHoldsNothingWhileSmallerWorkSchedulesAndStartsWhenCapacityFrees", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "nofit"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -153,10 +206,10 @@ func TestGangPlacement(t *testing.T) {
 		}
 		// What an operator's dashboard sees: a placement, and attempts that
 		// found no domain.
-		if placed, nofit := ctl.counter(t, `tessera_gang_placement_attempts_total{result="placed"}`), ctl.counter(t, `tessera_gang_placement_attempts_total{result="nofit"}`); placed < 1 || nofit < 1 {
+		if placed, nofit := (*e.ctl).counter(t, `tessera_gang_placement_attempts_total{result="placed"}`), (*e.ctl).counter(t, `tessera_gang_placement_attempts_total{result="nofit"}`); placed < 1 || nofit < 1 {
 			t.Errorf("controller metrics: %v placements and %v no-fit attempts, want at least one of each", placed, nofit)
 		}
-		if waiting := ctl.counter(t, `tessera_gangs{state="Waiting"}`); waiting != 1 {
+		if waiting := (*e.ctl).counter(t, `tessera_gangs{state="Waiting"}`); waiting != 1 {
 			t.Errorf("controller metrics: %v gangs waiting, want 1", waiting)
 		}
 		why := conditionMessageOf(g, gangv1.ConditionWaiting)
@@ -182,6 +235,7 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("TwoGangsCompeteForOneCliqueOneWaitsWholeAndTheSmallestFittingDomainIsChosen", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "compete"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -230,10 +284,11 @@ func TestGangPlacement(t *testing.T) {
 	})
 
 	t.Run("ControllerKilledMidPlacementEndsPlacedOrRolledBackNeverHalf", func(t *testing.T) {
-		if err := ctl.stop(); err != nil {
+		c.LogsOnFailure(t)
+		if err := (*e.ctl).stop(); err != nil {
 			t.Fatalf("stop the controller: %v", err)
 		}
-		defer func() { ctl = startController(parent, kubeconfig, "", nil) }()
+		defer func() { *e.ctl = startController(parent, kubeconfig, "", nil) }()
 		for _, tc := range []struct {
 			name, step string
 			after      int32 // interrupt at the after-th time step is reached
@@ -242,11 +297,26 @@ func TestGangPlacement(t *testing.T) {
 			{"commit", gang.StepRelease, 1},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
+				c.LogsOnFailure(t)
 				ns := "kill-" + tc.name
 				c.newNamespace(ctx, t, ns)
 				c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
 				noErr(t, ok(client.ResourceV1().ResourceClaims(ns).Create(ctx, domainClaim(ns, "g-domain"), metav1.CreateOptions{})))
-				t.Cleanup(func() { gs.delete(context.WithoutCancel(ctx), t, ns, "g") })
+				// However the case ends, its gang goes (a controller that is
+				// not interrupted removes the finalizer) and no controller of
+				// it outlives it, so that the other case starts from the
+				// same cluster whether this one passed or not. Registered
+				// before the dying controller's stop, so it runs after it.
+				var live *runningController // the controller that finishes the placement
+				t.Cleanup(func() {
+					if live == nil {
+						live = startController(t, kubeconfig, "", nil)
+					}
+					gs.delete(context.WithoutCancel(ctx), t, ns, "g")
+					if err := live.stop(); err != nil {
+						t.Errorf("stop the controller: %v", err)
+					}
+				})
 				var reached atomic.Int32
 				dying := startController(t, kubeconfig, "", func(step string) bool {
 					return step == tc.step && reached.Add(1) == tc.after
@@ -294,7 +364,7 @@ func TestGangPlacement(t *testing.T) {
 				if (committed != "") != (tc.step == gang.StepRelease) {
 					t.Errorf("committed placement %q at step %s", committed, tc.step)
 				}
-				ctl = startController(t, kubeconfig, "", nil)
+				live = startController(t, kubeconfig, "", nil)
 				pods := c.waitAllRunning(ctx, t, ns, "gang=g", 8, 3*time.Minute)
 				g = gs.waitCondition(ctx, t, ns, "g", gangv1.ConditionPlaced, metav1.ConditionTrue, time.Minute)
 				final := g.Annotations[gangv1.AnnotationCommitted]
@@ -313,29 +383,17 @@ func TestGangPlacement(t *testing.T) {
 					t.Errorf("domain claim of placement %q reserved for %d pods, want %q and 8", dc.Annotations[gangv1.AnnotationPlacement], len(dc.Status.ReservedFor), final)
 				}
 				c.deleteGangAndMembers(ctx, t, gs, ns, "g") // the controller removes its finalizer
-				if err := ctl.stop(); err != nil {
+				if err := live.stop(); err != nil {
 					t.Fatal(err)
 				}
 			})
 		}
 	})
 
-	e := gangEnv{parent: parent, c: c, gs: gs, kubeconfig: kubeconfig, ctl: &ctl}
-	t.Run("AGPUTakenBeforeTheReleaseKeepsEveryMemberFromBindingAndTheGangIsPlacedAgainWithoutIt", func(t *testing.T) { e.deviceTakenBeforeTheRelease(ctx, t) })
-	t.Run("AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", func(t *testing.T) { e.memberFails(ctx, t) })
-	t.Run("AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", func(t *testing.T) { e.memberUnschedulable(ctx, t) })
-	t.Run("ADeletedGangLeavesRunningMembersAndFreesACutPlacement", func(t *testing.T) { e.gangDeleted(ctx, t) })
-	t.Run("AMemberRefusedAtPrepareForADeviceAllocatedTwiceHasTheGangPlacedAgainWithoutIt", func(t *testing.T) { e.refusedAtPrepare(ctx, t) })
-	t.Run("AMemberRefusedAtPrepareWhoseDeviceIsFreedRunsInItsPlacementBeforeTheKubeletsResync", func(t *testing.T) { e.refusedThenFreed(ctx, t) })
-	t.Run("ASelectorChangedMidPlacementStillFreesWhatTheCutPlacementWrote", func(t *testing.T) { e.selectorChangedMidPlacement(ctx, t) })
-	t.Run("AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice", func(t *testing.T) { e.smallPodStream(ctx, t) })
-	t.Run("AHighPriorityGangPreemptsAWholeLowPriorityGangInOneDomainAndNothingElse", func(t *testing.T) { e.preemptsAWholeGang(ctx, t) })
-	t.Run("AReservedGangStartsWhileSmallPodsKeepArrivingAndItsBackfillIsEvictedAtTheStart", func(t *testing.T) { e.reservesAndBackfills(ctx, t) })
-	t.Run("AnElasticGangStartsAtMinGrowsLosesAMemberAndGoesOn", func(t *testing.T) { e.elasticGrowsAndShrinks(ctx, t) })
-	t.Run("AnElasticPodGroupStartsAtMinCountAndGrowsOnTheRealScheduler", func(t *testing.T) { e.elasticPodGroupGrows(ctx, t) })
-	t.Run("ALeaderWorkerGangKeepsItsLeaderWhenWorkersArePreempted", func(t *testing.T) { e.leaderKeptWhenWorkersPreempted(ctx, t) })
-	// Last: the cluster loses a node.
-	t.Run("ANodeLeavingLosesItsMembersAndTheGangIsPlacedAgainElsewhere", func(t *testing.T) { e.nodeLeaves(ctx, t) })
+	e.run(ctx, t, "AGPUTakenBeforeTheReleaseKeepsEveryMemberFromBindingAndTheGangIsPlacedAgainWithoutIt", e.deviceTakenBeforeTheRelease)
+	e.run(ctx, t, "AFailedMemberEvictsTheOthersAndTheJobsNewMembersArePlacedAgain", e.memberFails)
+	e.run(ctx, t, "AMemberWhoseNodeFilledUpIsEvictedWithTheOthersAndTheGangPlacedWhereThereIsRoom", e.memberUnschedulable)
+	e.run(ctx, t, "ADeletedGangLeavesRunningMembersAndFreesACutPlacement", e.gangDeleted)
 }
 
 // waitDomains waits until the controller publishes exactly these domain

@@ -68,6 +68,7 @@ spec:
 // kubelet restart the plugin serves a second pod, and deleting both pods
 // unprepares both claims.
 func TestHarnessPreparesClaimAndInjectsCDIThroughRealKubelet(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{Nodes: []cluster.NodeSpec{{Name: "node-a"}}})
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)

@@ -20,6 +20,7 @@ var healthNode = gpuNodeSpec{name: "health-node", profile: "pcie-l4x4"}
 // published device is tainted NoSchedule, and once the pod is gone new pods
 // land only on the healthy GPUs.
 func TestUnhealthyGPUShowsInPodStatusAndGetsNoNewWork(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, healthNode)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()

@@ -49,6 +49,7 @@ import (
 // Each combination's cluster-scoped objects are deleted before the next, so
 // each is created afresh.
 func TestHelmChartAppliesOnTheAPIServer(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{}) // no nodes: nothing is scheduled
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()

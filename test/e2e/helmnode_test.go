@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,18 +47,55 @@ const (
 	upgradeImage = "tessera.test/tessera:e2e-upgrade"
 )
 
-// buildTesseraImage builds Tessera's image as `make image-oci` does and
-// writes it to an OCI archive under dir, named tesseraImage and
-// upgradeImage.
-func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
+// tesseraImageBuild is the one build of Tessera's image that the tests
+// share (in imageDir, which TestMain creates and removes): every test that
+// runs the image runs the same binaries, so one build serves them all.
+var tesseraImageBuild struct {
+	once     sync.Once
+	done     chan struct{} // closed when the build ended
+	archive  string
+	err      error
+	duration time.Duration
+}
+
+// imageDir holds the shared build of Tessera's image.
+var imageDir string
+
+// startTesseraImageBuild starts the package's one build of Tessera's image
+// in the background, unless it started already. TestMain starts it before
+// a run of the whole package: the build is mostly CPU and the tests mostly
+// wait, so it is done by the time a test needs the image.
+func startTesseraImageBuild() {
+	b := &tesseraImageBuild
+	b.once.Do(func() {
+		b.done = make(chan struct{})
+		go func() {
+			defer close(b.done)
+			start := time.Now()
+			b.archive, b.err = chartnode.BuildImage(context.Background(), "../..", imageDir, tesseraImage, upgradeImage)
+			b.duration = time.Since(start)
+		}()
+	})
+}
+
+// buildTesseraImage returns the OCI archive of Tessera's image, built as
+// `make image-oci` does and named tesseraImage and upgradeImage, once for
+// the whole package: it starts the build if nothing did, and waits for it.
+func buildTesseraImage(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	start := time.Now()
-	archive, err := chartnode.BuildImage(ctx, "../..", dir, tesseraImage, upgradeImage)
-	if err != nil {
-		t.Fatal(err)
+	startTesseraImageBuild()
+	b := &tesseraImageBuild
+	waited := time.Now()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		t.Fatalf("waiting for the build of Tessera's image: %v", context.Cause(ctx))
 	}
-	t.Logf("Tessera's image built in %v", time.Since(start).Round(time.Millisecond))
-	return archive
+	if b.err != nil {
+		t.Fatalf("%v (the package's one build of Tessera's image failed)", b.err)
+	}
+	t.Logf("Tessera's image built in %v; this test waited %v for it", b.duration.Round(time.Millisecond), time.Since(waited).Round(time.Millisecond))
+	return b.archive
 }
 
 // TestHelmChartRunsThePluginOnARealRuntimeNode installs the Helm chart with
@@ -86,11 +124,14 @@ func buildTesseraImage(ctx context.Context, t *testing.T, dir string) string {
 // pod (checkPluginPodReplaced), a drain (checkDrain) and helm uninstall
 // (checkUninstalled).
 func TestHelmChartRunsThePluginOnARealRuntimeNode(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
+	// The image first: the build is shared, and the test's ten minutes
+	// are for what it does with it.
+	archive := buildTesseraImage(ctx, t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	archive := buildTesseraImage(ctx, t, t.TempDir())
 	// An H100 node in a multi-node NVLink clique (cliqueA, FAKE_CLIQUE
 	// below), which the controller makes a domain of. (A GB200 tray has one
 	// of its own, but its driver is aarch64's and this machine's image is

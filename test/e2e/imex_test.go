@@ -38,11 +38,14 @@ import (
 // gang reports IMEXReady. Once the members are gone, both daemons and
 // their configuration directories are gone too.
 func TestIMEXDaemonsServeATwoNodeGangOnGB200Trays(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
+	// The image first: the build is shared, and the test's ten minutes
+	// are for what it does with it.
+	archive := buildTesseraImage(ctx, t)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	archive := buildTesseraImage(ctx, t, t.TempDir())
 	trays := []string{"tray-1", "tray-2"}
 	var specs []cluster.NodeSpec
 	for _, name := range trays {

@@ -20,6 +20,7 @@ var h100Node = gpuNodeSpec{name: "h100-node", profile: "dgx-h100"}
 // when the pod starts, hands the container the parent GPU and the MIG
 // capability devices, and destroys the instance when the pod is gone.
 func TestMIGPartitionIsCreatedForItsPodAndDestroyedAfter(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, h100Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

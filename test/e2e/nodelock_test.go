@@ -21,6 +21,7 @@ import (
 // with the plugin's service-account tokens: bound to node-a it may write
 // node-a's slices and nothing of node-b's; unbound it may write none.
 func TestNodeLockedSliceWrites(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()

@@ -156,6 +156,7 @@ echo "OPEN-OTHER $(cat /tmp/other 2>&1)"
 // TESSERA_GPU_<n>_UUID, the driver library, and the devices cgroup: it can
 // open its GPU but not another one.
 func TestRealRuntimeNodeRunsContainersWithTheirGPUs(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	c := startTessera(t, gpuNodeSpec{name: "real-1", profile: "dgx-h100", runtime: cluster.RealContainerd})
 	t.Logf("cluster with a real-runtime node and Tessera's plugin up in %v", time.Since(start).Round(time.Millisecond))

@@ -24,6 +24,7 @@ import (
 // node ends with exactly one checkpoint entry, one CDI spec and, for the MIG
 // claim, one GPU instance per pod.
 func TestRebootPreparesClaimsAfreshAndLeaksNothing(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, h100Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()

@@ -23,6 +23,7 @@ const sliceWipeDelay = 30 * time.Second
 // long absence loses them until the plugin returns. The subtests run in
 // order on one node.
 func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, l4Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
@@ -64,6 +65,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	}
 
 	t.Run("KubeletRestartReregistersPluginAndLeavesPodsRunning", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.ListSlices(ctx, client, node.Name())
 		if err != nil {
 			t.Fatal(err)
@@ -108,6 +110,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	})
 
 	t.Run("PluginRestartWithin30sKeepsSlices", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.WaitForSlices(ctx, client, node.Name(), time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -140,6 +143,7 @@ func TestRestartsKeepRunningPodsAndRestoreSlices(t *testing.T) {
 	})
 
 	t.Run("PluginGoneOver30sLosesSlicesUntilItReturns", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		before, err := gpunode.WaitForSlices(ctx, client, node.Name(), time.Minute)
 		if err != nil {
 			t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 // unprepares the old one's other pod, and no prepare or unprepare fails.
 // Both share the node's checkpoint, which ends empty.
 func TestRollingUpdateServesEveryCallWithTwoPluginInstances(t *testing.T) {
+	t.Parallel()
 	spec := l4Node
 	spec.options = func(o *plugin.Options) { o.PodUID = "plugin-pod-old" }
 	c := startTessera(t, spec)

@@ -22,6 +22,7 @@ import (
 // pcie-l4x4 node whose GPU 0 is cut into three time slices, GPU 1 is shared
 // by memory and GPUs 2 and 3 are whole, with the real scheduler allocating.
 func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
+	t.Parallel()
 	tc := startTessera(t, gpuNodeSpec{name: "share-node", profile: "pcie-l4x4", options: func(o *plugin.Options) {
 		o.TimeSlicedGPUs = "0=3"
 		o.MemorySharedGPUs = "1"
@@ -34,6 +35,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	client := tc.Client()
 
 	t.Run("two pods share one claim's time-sliced GPU", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "notebooks"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -84,6 +86,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("pods of one claim share a GPU through an MPS daemon pod", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "mps"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -133,6 +136,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("independent claims take time slices up to N", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "slices"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -159,6 +163,7 @@ func TestSharedGPUsOnTheLocalCluster(t *testing.T) {
 	})
 
 	t.Run("memory shares fill one GPU without overcommit", func(t *testing.T) {
+		tc.LogsOnFailure(t)
 		const ns = "memshares"
 		if err := tc.CreateNamespace(ctx, ns); err != nil {
 			t.Fatal(err)

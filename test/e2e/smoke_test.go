@@ -39,6 +39,7 @@ spec:
 // runtime; a pod with a claim template is scheduled onto the node that
 // publishes matching devices and its generated claim is allocated there.
 func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{Nodes: []cluster.NodeSpec{{Name: nodeName}}})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -48,6 +49,7 @@ func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
 	}
 
 	t.Run("PlainPodRuns", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		pod := newPod("plain")
 		if _, err := client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -62,6 +64,7 @@ func TestSmokePlainPodRunsAndClaimIsAllocated(t *testing.T) {
 	})
 
 	t.Run("ClaimFromTemplateIsAllocated", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		if err := c.Apply(ctx, []byte(deviceClassYAML)); err != nil {
 			t.Fatal(err)
 		}

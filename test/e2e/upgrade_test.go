@@ -25,6 +25,7 @@ import (
 // is unchanged since the first release. The running pod is untouched, the
 // new plugin knows its claim, and deleting the pod unprepares it cleanly.
 func TestUpgradeKeepsPodsTheFirstReleasePrepared(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, l4Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()

@@ -30,6 +30,7 @@ import (
 // valid ones are accepted; objects with only another driver's configuration
 // never reach the webhook.
 func TestWebhookRefusesMalformedConfigsOnTheRealAPIServer(t *testing.T) {
+	t.Parallel()
 	c := cluster.StartT(t, cluster.Options{}) // no nodes: nothing is scheduled
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -22,6 +22,7 @@ var l4Node = gpuNodeSpec{name: "l4-node", profile: "pcie-l4x4"}
 // a deleted pod gives its GPU back. The subtests share the cluster; each
 // cleans up its namespace, so each finds every GPU free.
 func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
+	t.Parallel()
 	c := startTessera(t, l4Node)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -29,6 +30,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	client := c.Client()
 
 	t.Run("ClaimFromTemplateGetsExactlyItsGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "template"
 		c.newNamespace(ctx, t, ns)
 		c.createTemplates(ctx, t, gpuTemplate(ns, "one-gpu", 1))
@@ -50,6 +52,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("ClaimSharedByTwoPodsGivesBothTheSameGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "shared"
 		c.newNamespace(ctx, t, ns)
 		claim := &resourceapi.ResourceClaim{
@@ -83,6 +86,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("ExtendedResourceRequestGetsAGPU", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "extended"
 		c.newNamespace(ctx, t, ns)
 		pod := newGPUPod(ns, "legacy")
@@ -103,6 +107,7 @@ func TestWholeGPUClaimsRunOnTesseraGPUs(t *testing.T) {
 	})
 
 	t.Run("DeletedPodIsUnpreparedAndItsGPUAllocatableAgain", func(t *testing.T) {
+		c.LogsOnFailure(t)
 		const ns = "unprepare"
 		c.newNamespace(ctx, t, ns)
 		gpus := int64(node.gpuCount(t))
