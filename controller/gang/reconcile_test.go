@@ -468,16 +468,19 @@ func TestALateMemberWhoseDeviceIsFreeAgainIsPreparedAgain(t *testing.T) {
 		name    string
 		bound   time.Duration
 		sandbox bool
-		// retriedAt, if set, is m-1's annotation before the reconcile.
-		retriedAt string
-		want      int
+		// retriedAt, if set, is m-1's annotation before the reconcile;
+		// retriedAgo, if set, makes it that long before the subtest runs
+		// (not before the table is built: earlier subtests take seconds).
+		retriedAt  string
+		retriedAgo time.Duration
+		want       int
 	}{
 		{name: "bound 20 s, within the grace", bound: 20 * time.Second, want: 1},
 		{name: "bound 2 min, past the grace", bound: 2 * time.Minute, want: 1},
 		{name: "bound 5 s", bound: 5 * time.Second, want: 0},
-		{name: "asked 3 s ago", bound: 2 * time.Minute, retriedAt: time.Now().Add(-3 * time.Second).UTC().Format(time.RFC3339), want: 0},
-		{name: "asked 30 s ago", bound: 2 * time.Minute, retriedAt: time.Now().Add(-30 * time.Second).UTC().Format(time.RFC3339), want: 1},
-		{name: "asked in the future", bound: 2 * time.Minute, retriedAt: time.Now().Add(time.Hour).UTC().Format(time.RFC3339), want: 1},
+		{name: "asked 3 s ago", bound: 2 * time.Minute, retriedAgo: 3 * time.Second, want: 0},
+		{name: "asked 30 s ago", bound: 2 * time.Minute, retriedAgo: 30 * time.Second, want: 1},
+		{name: "asked in the future", bound: 2 * time.Minute, retriedAgo: -time.Hour, want: 1},
 		{name: "asked at no time", bound: 2 * time.Minute, retriedAt: "soon", want: 1},
 		{name: "sandbox made (images pulling)", bound: 2 * time.Minute, sandbox: true, want: 0},
 	} {
@@ -485,6 +488,9 @@ func TestALateMemberWhoseDeviceIsFreeAgainIsPreparedAgain(t *testing.T) {
 			snap, nodes := trays(t, map[string]uint32{"a1": 1})
 			f := newFakeCluster(t, snap, nodes)
 			f.placedGang(tc.bound)
+			if tc.retriedAgo != 0 {
+				tc.retriedAt = time.Now().Add(-tc.retriedAgo).UTC().Format(time.RFC3339)
+			}
 			if tc.retriedAt != "" {
 				setRetried(t, f, "m-1", tc.retriedAt)
 			}

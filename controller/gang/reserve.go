@@ -61,8 +61,8 @@ func reservationRule(rule *resourceapi.DeviceTaintRule) bool {
 // modelledRule says whether placement leaves rule out, modelling it
 // itself: a reservation rule (reservationRule) whose label names a gang
 // that exists and holds a reservation (status.reservation). Any other,
-// such as the rule of a gang deleted without its finalizer (which the
-// leader sweeps only when it starts) or one that merely carries the label,
+// such as the rule of a gang deleted without its finalizer (swept
+// when the controller sees the delete, or at the next leader's start) or one that merely carries the label,
 // is applied as the scheduler applies it: otherwise gangs would be planned
 // onto devices the scheduler refuses them, again and again.
 func (r *reconciler) modelledRule(rule *resourceapi.DeviceTaintRule) bool {

@@ -20,8 +20,9 @@ func ManifestValues() map[string]any {
 const testCABundle = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ0ZXN0Ci0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K"
 
 // Combinations are the values combinations CI checks: the defaults, the
-// plain manifests' values, the webhook with each kind of TLS, and every
-// kubelet-plugin setting changed at once. Each has its own release and
+// plain manifests' values, the webhook with each kind of TLS, thirteen
+// kubelet-plugin settings changed at once (without the controller), and a
+// controller keyed on another topology label. Each has its own release and
 // namespace, so they can be applied one after another.
 func Combinations() []Combination {
 	return []Combination{

@@ -228,7 +228,6 @@ func (o *Options) lazyPolicy() lazymig.Policy {
 	return p
 }
 
-// migPublishInterval is MIGPublishInterval, its default if unset.
 // clock is Clock, or the real clock.
 func (o *Options) clock() clock.WithTicker {
 	if o.Clock != nil {
@@ -237,6 +236,7 @@ func (o *Options) clock() clock.WithTicker {
 	return clock.RealClock{}
 }
 
+// migPublishInterval is MIGPublishInterval, its default if unset.
 func (o *Options) migPublishInterval() time.Duration {
 	if o.MIGPublishInterval == 0 {
 		return DefaultMIGPublishInterval

@@ -154,8 +154,6 @@ func newHarness(t *testing.T, unregistered bool, adjust func(dir string, o *plug
 	return h
 }
 
-// restart (re)starts the plugin process-equivalent over the same disk state
-// and registers it with the simulated kubelet.
 // logged tells whether the plugin has logged a line holding every one of
 // parts (through the test's logger, every verbosity the tests run with).
 func (h *harness) logged(parts ...string) bool {
@@ -172,6 +170,8 @@ func (h *harness) logged(parts ...string) bool {
 	return false
 }
 
+// restart (re)starts the plugin process-equivalent over the same disk state
+// and registers it with the simulated kubelet.
 func (h *harness) restart() {
 	h.t.Helper()
 	if h.plugin != nil {

@@ -87,7 +87,7 @@ func TestNothingIsUnpreparedWhenTheAPIServerIsUnreachable(t *testing.T) {
 	}
 	// The sweep reports its pass once every claim is decided on: a wrong
 	// unprepare would have come before.
-	checked := []string{"Checked the prepared claims against the API server", "held=1 "}
+	checked := []string{"Checked the prepared claims against the API server", "held=1 ", "unknown=1"}
 	if err := wait.PollUntilContextTimeout(h.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return h.logged(checked...), nil
 	}); err != nil {
