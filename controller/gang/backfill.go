@@ -159,8 +159,9 @@ func enforced(p *v1.Pod) bool {
 	return err != nil || d <= 0 || time.Duration(*s)*time.Second <= d
 }
 
-// taintedSince maps each node to when gang g's reservation rule on its
-// pool was created (the informer's cache; the earliest of its rules there).
+// taintedSince maps each node to when gang g's reservation first tainted
+// its pool (taintedAt: carried across the switch to the started key; the
+// informer's cache; the earliest of its rules there).
 func (r *reconciler) taintedSince(g *gangv1.Gang, snap *simulate.Snapshot) (map[string]time.Time, error) {
 	out := map[string]time.Time{}
 	if r.taintRules == nil {
@@ -175,7 +176,7 @@ func (r *reconciler) taintedSince(g *gangv1.Gang, snap *simulate.Snapshot) (map[
 		if !reservationRule(rule) || rule.Spec.DeviceSelector == nil || rule.Spec.DeviceSelector.Pool == nil {
 			continue
 		}
-		pool, at := *rule.Spec.DeviceSelector.Pool, rule.CreationTimestamp.Time
+		pool, at := *rule.Spec.DeviceSelector.Pool, taintedAt(rule)
 		if t, ok := created[pool]; !ok || at.Before(t) {
 			created[pool] = at
 		}

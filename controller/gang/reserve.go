@@ -437,6 +437,15 @@ func (r *reconciler) deleteReservationRules(ctx context.Context, g *gangv1.Gang)
 	return r.applyReservationRules(ctx, g, nil, false, existing)
 }
 
+// taintedAt is when rule's pool was first tainted for its reservation: the
+// time its taint carries over from the rule it replaced, else its creation.
+func taintedAt(rule *resourceapi.DeviceTaintRule) time.Time {
+	if t := rule.Spec.Taint.TimeAdded; t != nil && !t.IsZero() {
+		return t.Time
+	}
+	return rule.CreationTimestamp.Time
+}
+
 // applyReservationRules creates the wanted rules missing, then deletes
 // the existing ones not wanted (in that order, so that a pool changing
 // taint is never untainted in between).
@@ -448,8 +457,18 @@ func (r *reconciler) applyReservationRules(ctx context.Context, g *gangv1.Gang, 
 	}
 	rules := r.client.ResourceV1().DeviceTaintRules()
 	have := map[string]bool{}
+	// A rule replacing another on its pool (the switch to the started
+	// key) keeps when the pool was first tainted, in its taint's
+	// timeAdded: whether a pod came under the reservation is judged from
+	// then (taintedSince), not from the switch.
+	since := map[string]time.Time{}
 	for _, rule := range existing {
 		have[rule.Name] = true
+		if sel := rule.Spec.DeviceSelector; sel != nil && sel.Pool != nil {
+			if at, ok := since[*sel.Pool]; !ok || taintedAt(rule).Before(at) {
+				since[*sel.Pool] = taintedAt(rule)
+			}
+		}
 	}
 	for name, pool := range want {
 		if have[name] {
@@ -461,6 +480,9 @@ func (r *reconciler) applyReservationRules(ctx context.Context, g *gangv1.Gang, 
 				DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &r.driver, Pool: &pool},
 				Taint:          resourceapi.DeviceTaint{Key: key, Value: string(g.UID), Effect: resourceapi.DeviceTaintEffectNoSchedule},
 			},
+		}
+		if at, ok := since[pool]; ok && !at.IsZero() {
+			rule.Spec.Taint.TimeAdded = &metav1.Time{Time: at}
 		}
 		if _, err := rules.Create(ctx, rule, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("reserve pool %s for gang %s/%s: %w", pool, g.Namespace, g.Name, err)
