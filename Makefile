@@ -73,7 +73,7 @@ include test/cluster.mk
 TEST_OUT := $(OUTPUT)/test
 TEST_PARTS := e2e unit faultinject oracle
 TEST_ALSO ?=
-TESTREPORT := $(OUTPUT)/bin/testreport
+TESTREPORT := $(GO) run ./test/cmd/testreport
 # NICE prefixes the commands of the parts that run beside the e2e package.
 NICE ?=
 test:
@@ -84,7 +84,7 @@ test:
 	for part in $(TEST_PARTS); do \
 		[ -s $(TEST_OUT)/$$part.json ] || { echo "make test: the $$part part did not run"; rc=1; }; \
 	done; \
-	$(GO) run ./test/cmd/testreport -brief -slowest 10 $(TEST_OUT)/*.json || rc=1; \
+	$(TESTREPORT) -brief -slowest 10 $(TEST_OUT)/*.json || rc=1; \
 	echo "make test: $$([ $$rc = 0 ] && echo ok || echo FAILED) in $$(( $$(date +%s) - start ))s (go test -json events: $(TEST_OUT))"; \
 	exit $$rc
 
@@ -102,25 +102,25 @@ define part
 mkdir -p $(TEST_OUT); $(call timed,$(1),rc=0; $(2) > $(TEST_OUT)/$(1).json || rc=$$?; $(TESTREPORT) $(3) $(TEST_OUT)/$(1).json || rc=1; exit $$rc)
 endef
 
-.PHONY: testreport test-e2e test-unit test-faultinject
-testreport:
-	@mkdir -p $(OUTPUT)/bin
-	@$(GO) build -o $(TESTREPORT) ./test/cmd/testreport
-
-# The e2e package's clusters run the binaries cluster-bins built, so its
-# TestMain need not run test/k8sbin/build.sh again. E2E_FLAGS adds go test
-# flags (E2E_FLAGS='-run Smoke').
+# The parts have no prerequisites: make -j starts a target whose
+# prerequisites are still being made only after the goals listed after it,
+# which would put the e2e package, the longest part, last. So test-e2e makes
+# cluster-bins in its own recipe; its clusters run the binaries that built,
+# and its TestMain need not run test/k8sbin/build.sh again. E2E_FLAGS adds
+# go test flags (E2E_FLAGS='-run Smoke').
+.PHONY: test-e2e test-unit test-faultinject
 E2E_FLAGS ?=
-test-e2e: cluster-bins testreport
+test-e2e:
+	@$(MAKE) --no-print-directory cluster-bins
 	@$(call part,e2e,TESSERA_E2E_NO_BUILD=1 $(GO) test -race -count=1 -json -timeout 45m $(E2E_FLAGS) ./test/e2e/)
 
 # unit runs what needs no cluster binaries.
 UNIT_PACKAGES = $(shell $(GO) list ./... | grep -v '/test/e2e$$')
 unit: test-unit
-test-unit: testreport
+test-unit:
 	@$(call part,unit,$(NICE) $(GO) test -race -count=1 -json -timeout 45m $(UNIT_PACKAGES))
 
-test-faultinject: testreport
+test-faultinject:
 	@$(call part,faultinject,$(NICE) $(GO) test -race -count=1 -json -tags faultinject ./driver/prepare/)
 
 # oracle checks that the scheduler's allocator, over the slices Tessera
@@ -128,7 +128,7 @@ test-faultinject: testreport
 # a reference model of NVIDIA's documented MIG rules allows (about 350,000
 # allocator calls). It runs without the race detector: it is one goroutine,
 # and the detector would make it last half an hour.
-oracle: testreport
+oracle:
 	@$(call part,oracle,$(NICE) $(GO) test -count=1 -json -timeout 20m -tags oracle -run TestAllocatorAcceptsExactlyWhatTheGPUCanHold ./driver/slices/,-v)
 
 # fuzz runs each fuzz target briefly (CI: about 10 s each on two cores).
