@@ -56,10 +56,72 @@ include test/cluster.mk
 # test runs every test, the local-cluster ones included (they need the
 # control-plane binaries, built once into $(TESSERA_CACHE)), and the fuzz
 # targets' seed corpora. Tests never skip: a missing prerequisite fails them.
-test: cluster-bins
-	$(GO) test -race -count=1 -timeout 45m ./...
-	$(GO) test -race -count=1 -tags faultinject ./driver/prepare/
-	$(MAKE) oracle
+#
+# Its parts run in two lanes (make -j2, -k: every part runs whatever another
+# did): the e2e package (test/e2e), which mostly waits on its clusters'
+# timers, in one; the other packages, the faultinject pass and the oracle,
+# one after another, in the other, at a lower CPU priority (nice -n 10) so
+# that the clusters' control planes are never starved into timeouts. On a
+# fresh machine the e2e lane first builds the cluster binaries while the
+# other lane tests. Each part keeps its go test -json events in
+# $(TEST_OUT)/<part>.json and prints its report whole when it ends (make -O):
+# packages, every failed test's output under its full subtest name, counts.
+# test then ends with the tables of the slowest packages, tests and subtests
+# of all parts (test/cmd/testreport). TEST_ALSO names other targets to run in
+# the second lane (.ci/run: lint fuzz); make test-e2e, test-unit,
+# test-faultinject and oracle run one part alone.
+TEST_OUT := $(OUTPUT)/test
+TEST_PARTS := e2e unit faultinject oracle
+TEST_ALSO ?=
+TESTREPORT := $(GO) run ./test/cmd/testreport
+# NICE prefixes the commands of the parts that run beside the e2e package.
+NICE ?=
+test:
+	@rm -rf $(TEST_OUT) && mkdir -p $(TEST_OUT)
+	@start=$$(date +%s); rc=0; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target NICE='nice -n 10' \
+		test-e2e $(TEST_ALSO) test-unit test-faultinject oracle || rc=$$?; \
+	for part in $(TEST_PARTS); do \
+		[ -s $(TEST_OUT)/$$part.json ] || { echo "make test: the $$part part did not run"; rc=1; }; \
+	done; \
+	$(TESTREPORT) -brief -slowest 10 $(TEST_OUT)/*.json || rc=1; \
+	echo "make test: $$([ $$rc = 0 ] && echo ok || echo FAILED) in $$(( $$(date +%s) - start ))s (go test -json events: $(TEST_OUT))"; \
+	exit $$rc
+
+# timed runs the shell command $(2) as the step $(1) and ends its output with
+# the step's status and duration.
+define timed
+start=$$(date +%s); rc=0; ( $(2) ) || rc=$$?; \
+echo "== $(1): $$([ $$rc = 0 ] && echo ok || echo "FAILED (exit $$rc)") in $$(( $$(date +%s) - start ))s"; exit $$rc
+endef
+
+# part runs the go test -json command $(2) as the part $(1) of make test: its
+# events into $(TEST_OUT)/$(1).json, then testreport's account of them
+# (flags $(3)). It fails when either fails.
+define part
+mkdir -p $(TEST_OUT); $(call timed,$(1),rc=0; $(2) > $(TEST_OUT)/$(1).json || rc=$$?; $(TESTREPORT) $(3) $(TEST_OUT)/$(1).json || rc=1; exit $$rc)
+endef
+
+# The parts have no prerequisites: make -j starts a target whose
+# prerequisites are still being made only after the goals listed after it,
+# which would put the e2e package, the longest part, last. So test-e2e makes
+# cluster-bins in its own recipe; its clusters run the binaries that built,
+# and its TestMain need not run test/k8sbin/build.sh again. E2E_FLAGS adds
+# go test flags (E2E_FLAGS='-run Smoke').
+.PHONY: test-e2e test-unit test-faultinject
+E2E_FLAGS ?=
+test-e2e:
+	@$(MAKE) --no-print-directory cluster-bins
+	@$(call part,e2e,TESSERA_E2E_NO_BUILD=1 $(GO) test -race -count=1 -json -timeout 45m $(E2E_FLAGS) ./test/e2e/)
+
+# unit runs what needs no cluster binaries.
+UNIT_PACKAGES = $(shell $(GO) list ./... | grep -v '/test/e2e$$')
+unit: test-unit
+test-unit:
+	@$(call part,unit,$(NICE) $(GO) test -race -count=1 -json -timeout 45m $(UNIT_PACKAGES))
+
+test-faultinject:
+	@$(call part,faultinject,$(NICE) $(GO) test -race -count=1 -json -tags faultinject ./driver/prepare/)
 
 # oracle checks that the scheduler's allocator, over the slices Tessera
 # publishes for one GPU of every MIG model, grants exactly the partition sets
@@ -67,11 +129,7 @@ test: cluster-bins
 # allocator calls). It runs without the race detector: it is one goroutine,
 # and the detector would make it last half an hour.
 oracle:
-	set -o pipefail; $(GO) test -count=1 -timeout 20m -tags oracle -run TestAllocatorAcceptsExactlyWhatTheGPUCanHold -v ./driver/slices/ | grep -E '^(---|===|ok|FAIL|PASS)|oracle_test'
-
-# unit runs what needs no cluster binaries.
-unit:
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	@$(call part,oracle,$(NICE) $(GO) test -count=1 -json -timeout 20m -tags oracle -run TestAllocatorAcceptsExactlyWhatTheGPUCanHold ./driver/slices/,-v)
 
 # fuzz runs each fuzz target briefly (CI: about 10 s each on two cores).
 # The budgets are execution counts, not durations: with a duration, Go 1.26's
@@ -82,11 +140,14 @@ FUZZ_CHECKPOINT ?= 150000x
 FUZZ_CDI ?= 8000x
 FUZZ_CONFIG ?= 100000x
 FUZZ_LDCACHE ?= 50000x
+FUZZ_TARGETS = ./driver/checkpoint:FuzzDecode:$(FUZZ_CHECKPOINT) ./cdi:FuzzWriteSpec:$(FUZZ_CDI) \
+	./api/gpu/v1alpha1:FuzzDecode:$(FUZZ_CONFIG) ./driver/cdihook/ldcache:FuzzParse:$(FUZZ_LDCACHE)
 fuzz:
-	$(GO) test ./driver/checkpoint -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZ_CHECKPOINT)
-	$(GO) test ./cdi -run '^$$' -fuzz FuzzWriteSpec -fuzztime $(FUZZ_CDI)
-	$(GO) test ./api/gpu/v1alpha1 -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZ_CONFIG)
-	$(GO) test ./driver/cdihook/ldcache -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZ_LDCACHE)
+	@$(call timed,fuzz,for t in $(FUZZ_TARGETS); do \
+		IFS=: read -r pkg target budget <<< "$$t"; \
+		echo "$(GO) test $$pkg -run '^$$' -fuzz $$target -fuzztime $$budget"; \
+		$(NICE) $(GO) test $$pkg -run '^$$' -fuzz $$target -fuzztime $$budget || exit; \
+	done)
 
 # bench runs every benchmark once and writes the figures, each with its unit
 # and goal, to $(OUTPUT)/bench.json and a table to the terminal
@@ -135,7 +196,8 @@ churn: cluster-bins
 	set -o pipefail; TESSERA_CHURN_TRIALS=$(CHURN_TRIALS) $(GO) test -count=1 -timeout 0 -v -run 'TestGangPlacement/AStreamOfSmallPodsRacingTheGangForItsCliqueNeverLeavesHardwareHeldTwice' ./test/e2e/ 2>&1 | \
 		grep -E '^\s*(---|===|ok|FAIL|PASS)|gang_stream_test|racewatch_test'
 
-lint: fmt vet staticcheck
+lint:
+	@$(call timed,lint,$(MAKE) --no-print-directory fmt vet staticcheck)
 
 # hardware-compare reads this machine's real GPUs through NVML, read only
 # (it changes no GPU setting, MIG mode or partition), and prints every
@@ -160,9 +222,9 @@ fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	$(GO) vet ./...
-	$(GO) vet -tags faultinject ./driver/prepare/
-	$(GO) vet -tags oracle ./driver/slices/
+	$(NICE) $(GO) vet ./...
+	$(NICE) $(GO) vet -tags faultinject ./driver/prepare/
+	$(NICE) $(GO) vet -tags oracle ./driver/slices/
 
 $(STATICCHECK):
 	@mkdir -p $(TOOLS)
@@ -170,9 +232,9 @@ $(STATICCHECK):
 	mv $(TOOLS)/staticcheck $(STATICCHECK)
 
 staticcheck: $(STATICCHECK)
-	$(STATICCHECK) ./...
-	$(STATICCHECK) -tags faultinject ./driver/prepare/
-	$(STATICCHECK) -tags oracle ./driver/slices/
+	$(NICE) $(STATICCHECK) ./...
+	$(NICE) $(STATICCHECK) -tags faultinject ./driver/prepare/
+	$(NICE) $(STATICCHECK) -tags oracle ./driver/slices/
 
 clean:
 	rm -rf $(OUTPUT)

@@ -1,0 +1,5 @@
+package broken
+
+import "testing"
+
+func TestX(t *testing.T) { undefined() }
