@@ -101,8 +101,17 @@ var figures = []figure{
 	{"plugin_rss_file_mib", "BenchmarkPublish", "MiB/rss-file", "MiB", nil},
 	{"gang_64_s", "BenchmarkGangPlacement/pods=64", "gang_64_s", "s", nil},
 	{"gang_128_s", "BenchmarkGangPlacement/pods=128", "gang_128_s", "s", nil},
-	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10).short()},
+	{"gang_256_s", "BenchmarkGangPlacement/pods=256", "gang_256_s", "s", bound("<", 10)},
 	{"gang_512_s", "BenchmarkGangPlacement/pods=512", "gang_512_s", "s", nil},
+	// Each gang over its floor on the same cluster: as many one-GPU pods
+	// without a gang, creation to bound. The gang's time moves with the
+	// machine's load (5 s quiet, 15-31 s on a busy two-core machine), the
+	// ratio far less: it is what CI judges.
+	{"plain_256_s", "BenchmarkGangPlacement/pods=256", "plain_256_s", "s", nil},
+	{"gang_64_vs_plain", "BenchmarkGangPlacement/pods=64", "gang_64_vs_plain", "ratio", nil},
+	{"gang_128_vs_plain", "BenchmarkGangPlacement/pods=128", "gang_128_vs_plain", "ratio", nil},
+	{"gang_256_vs_plain", "BenchmarkGangPlacement/pods=256", "gang_256_vs_plain", "ratio", bound("<=", 3).samples(3).short()},
+	{"gang_512_vs_plain", "BenchmarkGangPlacement/pods=512", "gang_512_vs_plain", "ratio", nil},
 	{"gang_wait_vs_earliest_reserved", "BenchmarkGangScheduling/reserved", "gang_wait_vs_earliest_reserved", "ratio", bound("<=", 1.2).samples(3)},
 	{"gang_wait_vs_earliest_unreserved", "BenchmarkGangScheduling/unreserved", "gang_wait_vs_earliest_unreserved", "ratio", nil},
 	{"gpu_utilization_backfill", "BenchmarkGangScheduling/reserved", "gpu_utilization_backfill", "share of the GPUs", nil},
