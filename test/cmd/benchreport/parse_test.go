@@ -50,12 +50,16 @@ func TestResultsAreReadFromSplitAndInterleavedLines(t *testing.T) {
 			}
 		}
 	}
-	e := build(r)
-	if v := e["prepare_vs_floor"]; v.Value == nil || !*v.Met || v.Goal != "<= 2" {
-		t.Errorf("prepare_vs_floor = %+v, want 1.782 meeting <= 2", v)
+	e := build(r, figures)
+	if v := e["prepare_p50_ms"]; v.Value == nil || *v.Value != 10.89 || v.Status != statusNoGoal {
+		t.Errorf("prepare_p50_ms = %+v, want 10.89 without a goal", v)
 	}
-	if v := e["publish_ms"]; v.Value == nil || *v.Met {
-		t.Errorf("publish_ms = %+v, want 1600 missing < 500", v)
+	// Goals judged on a number of samples are not judged without a count.
+	if v := e["prepare_vs_floor"]; v.Value == nil || v.Met != nil || v.Status != statusFewSamples || v.Goal != "<= 2 (n >= 600)" {
+		t.Errorf("prepare_vs_floor = %+v, want 1.782 not judged: no sample count", v)
+	}
+	if v := e["gang_256_s"]; v.Value == nil || !*v.Met || v.Status != statusMet {
+		t.Errorf("gang_256_s = %+v, want 8.5 meeting < 10", v)
 	}
 }
 
@@ -70,14 +74,14 @@ func TestAFailedBenchmarkLeavesItsFiguresNullWithTheReason(t *testing.T) {
 	if err := r.parse(strings.NewReader(in)); err != nil {
 		t.Fatal(err)
 	}
-	e := build(r)["gang_256_s"]
+	e := build(r, figures)["gang_256_s"]
 	if e.Value != nil || e.Met != nil {
 		t.Fatalf("gang_256_s = %+v, want no value", e)
 	}
 	if !strings.Contains(e.Error, "BenchmarkGangPlacement/pods=256 failed") || !strings.Contains(e.Error, "200 of 256 pods bound") {
 		t.Errorf("error = %q, want the failure and its output", e.Error)
 	}
-	if e := build(r)["publish_ms"]; e.Value != nil || !strings.Contains(e.Error, "did not run") {
+	if e := build(r, figures)["publish_ms"]; e.Value != nil || !strings.Contains(e.Error, "did not run") {
 		t.Errorf("publish_ms = %+v, want did not run", e)
 	}
 }
@@ -91,7 +95,7 @@ func TestSchedulerFiguresAreKeyedByCaseAndNodeCount(t *testing.T) {
 	if err := r.parse(strings.NewReader(in)); err != nil {
 		t.Fatal(err)
 	}
-	e := build(r)
+	e := build(r, figures)
 	for key, want := range map[string]float64{
 		"sched_pods_per_s_mig1g_500": 11.19, "sched_cpu_ms_per_pod_mig1g_500": 75.85,
 		"sched_p50_ms_mig1g_500": 24485, "sched_p99_ms_mig1g_500": 52079, "sched_mig1g_vs_whole_500": 0.2344,
