@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -62,37 +63,75 @@ var simGangArrivals = []time.Duration{60 * time.Second, 130 * time.Second, 200 *
 // BenchmarkGangScheduling runs the simulation twice, side by side in one
 // run: with reservations (the stream's jobs are backfill pods: they tolerate
 // the reservation's taint, so they may run on reserved devices until the
-// start) and without (--gang-reservations=false). Reported:
-// gang_wait_vs_earliest_reserved / _unreserved (the largest ratio over the
-// gangs of wait to earliest possible wait; a gang that never started counts
-// the run's end, so its ratio is a lower bound), gpu_utilization_backfill /
-// _unreserved, and gpu_utilization_backfill_vs_unreserved.
+// start) and without (--gang-reservations=false), -benchtime's runs each
+// (make bench: GANGSIM_RUNS, 3). Each run's figures depend on how busy the
+// machine is (the worst gang's wait 1.35 with every CPU busy, 1.11 on a
+// quieter machine), so each figure is the median over the runs, with how
+// many (-n) and the lowest and highest run (-lo, -hi). Reported:
+// gang_wait_vs_earliest_reserved / _unreserved (each run's largest ratio
+// over its gangs of wait to earliest possible wait; a gang that never
+// started counts the run's end, so its ratio is a lower bound),
+// gpu_utilization_backfill / _unreserved, and
+// gpu_utilization_backfill_vs_unreserved (the ratio of the medians; its
+// spread from the runs paired in order).
 func BenchmarkGangScheduling(b *testing.B) {
-	var util [2]float64
+	var util [2][]float64
 	for i, reserved := range []bool{true, false} {
 		name := "reserved"
 		if !reserved {
 			name = "unreserved"
 		}
 		b.Run(name, func(b *testing.B) {
-			var r simResult
-			for range b.N {
-				r = runGangSimulation(b, reserved)
+			var ratios []float64
+			// b.Loop, not b.N: exactly -benchtime's runs, where b.N
+			// would run one more first.
+			for b.Loop() {
+				r := runGangSimulation(b, reserved)
+				ratios = append(ratios, r.waitRatio)
+				util[i] = append(util[i], r.utilization)
+				b.StartTimer() // runGangSimulation stops it; b.Loop needs it running
 			}
-			b.ReportMetric(r.waitRatio, "gang_wait_vs_earliest_"+name)
-			util[i] = r.utilization
+			reportRuns(b, ratios, "gang_wait_vs_earliest_"+name)
 			if reserved {
-				b.ReportMetric(r.utilization, "gpu_utilization_backfill")
+				reportRuns(b, util[i], "gpu_utilization_backfill")
 			} else {
-				b.ReportMetric(r.utilization, "gpu_utilization_unreserved")
+				reportRuns(b, util[i], "gpu_utilization_unreserved")
 			}
 		})
 	}
-	if util[1] > 0 {
+	if len(util[0]) > 0 && len(util[1]) > 0 {
 		b.Run("compare", func(b *testing.B) {
-			b.ReportMetric(util[0]/util[1], "gpu_utilization_backfill_vs_unreserved")
+			n := min(len(util[0]), len(util[1]))
+			pairs := make([]float64, n)
+			for i := range n {
+				pairs[i] = util[0][i] / util[1][i]
+			}
+			b.ReportMetric(median(util[0])/median(util[1]), "gpu_utilization_backfill_vs_unreserved")
+			b.ReportMetric(float64(n), "gpu_utilization_backfill_vs_unreserved-n")
+			b.ReportMetric(slices.Min(pairs), "gpu_utilization_backfill_vs_unreserved-lo")
+			b.ReportMetric(slices.Max(pairs), "gpu_utilization_backfill_vs_unreserved-hi")
 		})
 	}
+}
+
+// reportRuns reports the median of runs under unit, with how many (-n) and
+// the lowest and highest (-lo, -hi): benchreport shows them as the figure's
+// n and spread and judges its goal on enough runs.
+func reportRuns(b *testing.B, runs []float64, unit string) {
+	b.ReportMetric(median(runs), unit)
+	b.ReportMetric(float64(len(runs)), unit+"-n")
+	b.ReportMetric(slices.Min(runs), unit+"-lo")
+	b.ReportMetric(slices.Max(runs), unit+"-hi")
+}
+
+// median is the middle of vs (the mean of the two middle values for an even
+// count).
+func median(vs []float64) float64 {
+	s := slices.Sorted(slices.Values(vs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 type simResult struct {
