@@ -5,13 +5,11 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -41,21 +39,9 @@ func TestABlanketPodWhoseEvictionWasRefusedAtTheSwitchIsEvictedLater(t *testing.
 		refuse--
 		return true, nil, apierrors.NewTooManyRequests("budget", 10)
 	})
-	f.prioGang("big", 4, 1, 0, nil)
-	first := f.reconcileOK("big").Status.Reservation
-	if first == nil || !slices.Equal(first.Nodes, []string{"b1"}) {
-		t.Fatalf("reservation %+v, want b1", first)
-	}
-	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.freeClaimsOfGonePods()
-	f.runningPod("greedy", "b1", 1, 0, startedAgo(-2*time.Second), everyTaint)
-	p := f.pod("ml", "short-b1")
-	p.Status.StartTime = ptr.To(metav1.NewTime(time.Now().Add(-30*time.Minute - 30*time.Second)))
-	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
-		t.Fatal(err)
-	}
+	f.reserveB1()
+	f.backfillEndsAndAPodTakesItsGPU("greedy", 0, everyTaint)
+	f.shortB1Overran()
 	// The start: the started rule is created a minute after the first.
 	stamp = time.Now().Add(time.Minute)
 	f.reconcileOK("big")
@@ -94,21 +80,9 @@ func TestABlanketPodIsEvictedWhenTheSwitchWaitedForADeclaredEnd(t *testing.T) {
 		r.CreationTimestamp = metav1.NewTime(stamp)
 		return false, nil, nil
 	})
-	f.prioGang("big", 4, 1, 0, nil)
-	first := f.reconcileOK("big").Status.Reservation
-	if first == nil || !slices.Equal(first.Nodes, []string{"b1"}) {
-		t.Fatalf("reservation %+v, want b1", first)
-	}
-	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.freeClaimsOfGonePods()
-	f.runningPod("greedy", "b1", 1, 0, startedAgo(-2*time.Second), everyTaint)
-	p := f.pod("ml", "short-b1")
-	p.Status.StartTime = ptr.To(metav1.NewTime(time.Now().Add(-30*time.Minute - 30*time.Second)))
-	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
-		t.Fatal(err)
-	}
+	f.reserveB1()
+	f.backfillEndsAndAPodTakesItsGPU("greedy", 0, everyTaint)
+	f.shortB1Overran()
 	stamp = time.Now().Add(time.Minute)
 	g := f.reconcileOK("big")
 	t.Logf("switch look: evicted %v, rules %v, reservation %+v", f.evicted, ruleKeysAndTimes(f.taintRules()), g.Status.Reservation)

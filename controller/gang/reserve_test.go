@@ -62,6 +62,40 @@ func reservationCluster(t *testing.T, ends time.Duration) *fakeCluster {
 	return f
 }
 
+// reserveB1 has gang big of reservationCluster reserve tray b1, the tray
+// that frees up first, and returns the reservation.
+func (f *fakeCluster) reserveB1() *gangv1.Reservation {
+	f.t.Helper()
+	f.prioGang("big", 4, 1, 0, nil)
+	r := f.reconcileOK("big").Status.Reservation
+	if r == nil || !slices.Equal(r.Nodes, []string{"b1"}) {
+		f.t.Fatalf("reservation %+v, want b1", r)
+	}
+	return r
+}
+
+// backfillEndsAndAPodTakesItsGPU: reservationCluster's backfill pod on b1
+// ends and pod name, of priority, takes its GPU two seconds from now.
+func (f *fakeCluster) backfillEndsAndAPodTakesItsGPU(name string, priority int32, edit ...func(*v1.Pod, *resourceapi.ResourceClaim)) {
+	f.t.Helper()
+	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.freeClaimsOfGonePods()
+	f.runningPod(name, "b1", 1, priority, append([]func(*v1.Pod, *resourceapi.ResourceClaim){startedAgo(-2 * time.Second)}, edit...)...)
+}
+
+// shortB1Overran moves short-b1's start back by 30.5 minutes: its
+// 30-minute deadline (or declared runtime) ended 30 s ago.
+func (f *fakeCluster) shortB1Overran() {
+	f.t.Helper()
+	p := f.pod("ml", "short-b1")
+	p.Status.StartTime = ptr.To(metav1.NewTime(time.Now().Add(-30*time.Minute - 30*time.Second)))
+	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func (f *fakeCluster) taintRules() []resourceapi.DeviceTaintRule {
 	f.t.Helper()
 	l, err := f.client.ResourceV1().DeviceTaintRules().List(f.ctx, metav1.ListOptions{})
@@ -233,17 +267,9 @@ func TestNoReservationCountsOnALiarOrOnAPodThatToleratesEverything(t *testing.T)
 // start instead.
 func TestABackfillPodArrivingAfterTheReservationDoesNotDelayIt(t *testing.T) {
 	f := reservationCluster(t, 10*time.Minute)
-	f.prioGang("big", 4, 1, 0, nil)
-	first := f.reconcileOK("big").Status.Reservation
-	if first == nil || !slices.Equal(first.Nodes, []string{"b1"}) {
-		t.Fatalf("reservation %+v, want b1", first)
-	}
+	first := f.reserveB1()
 	// bf-b1 ends; a new backfill pod with an hour's deadline takes its GPU.
-	if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.freeClaimsOfGonePods()
-	f.runningPod("late", "b1", 1, 0, startedAgo(-2*time.Second), deadline(time.Hour), backfillPod)
+	f.backfillEndsAndAPodTakesItsGPU("late", 0, deadline(time.Hour), backfillPod)
 	r := f.reconcileOK("big").Status.Reservation
 	if r == nil || !r.Start.Equal(&first.Start) || !r.Since.Equal(&first.Since) || !slices.Equal(r.Nodes, first.Nodes) {
 		t.Fatalf("reservation after a backfill pod came: %+v, want it unchanged from %+v", r, first)

@@ -8,7 +8,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -94,23 +93,11 @@ func TestAPodThatToleratesEverythingCannotStarveAReservation(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := reservationCluster(t, 10*time.Minute)
-			f.prioGang("big", 4, 1, 0, nil)
-			first := f.reconcileOK("big").Status.Reservation
-			if first == nil || !slices.Equal(first.Nodes, []string{"b1"}) {
-				t.Fatalf("reservation %+v, want b1", first)
-			}
+			first := f.reserveB1()
 			// bf-b1 ends; a pod tolerating every taint takes its GPU.
-			if err := f.client.CoreV1().Pods("ml").Delete(f.ctx, "bf-b1", metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			f.freeClaimsOfGonePods()
-			f.runningPod("greedy", "b1", 1, tc.priority, startedAgo(-2*time.Second), everyTaint)
+			f.backfillEndsAndAPodTakesItsGPU("greedy", tc.priority, everyTaint)
 			// Time passes: short-b1's deadline ended 30 s ago.
-			p := f.pod("ml", "short-b1")
-			p.Status.StartTime = ptr.To(metav1.NewTime(time.Now().Add(-30*time.Minute - 30*time.Second)))
-			if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
-				t.Fatal(err)
-			}
+			f.shortB1Overran()
 			g := f.reconcileOK("big")
 			if got := slices.Contains(f.evicted, "greedy"); got != tc.evicted {
 				t.Fatalf("greedy (priority %d) evicted: %v (evicted %v), want %v", tc.priority, got, f.evicted, tc.evicted)
