@@ -83,13 +83,18 @@ type Policy struct {
 	Spares int
 	// Grace is how long a free GPU's partitions stay published with the
 	// withdrawal taint before they are withdrawn. It must outlast the
-	// scheduler's longest binding cycle plus the kubelet's time to prepare.
+	// longest wait between the scheduler's choice of a partition and its
+	// write of the allocation (a Permit wait: GangScheduling's is 5
+	// minutes); once written, the plugin's claim check sees it.
 	Grace time.Duration
 }
 
 // DefaultPolicy is the kubelet plugin's default: one spare, as every
-// single-partition claim needs, and a grace past the scheduler's default
-// volume binding timeout (600 s), the longest its binding cycle waits.
+// single-partition claim needs, and a grace past both the GangScheduling
+// plugin's Permit timeout (5 minutes), the longest kube-scheduler v1.37
+// waits before writing an allocation, and its volume binding timeout (600
+// s), which bounded that write in releases that ran the PreBind steps one
+// after another (v1.37 runs DynamicResources' beside VolumeBinding's).
 var DefaultPolicy = Policy{Spares: 1, Grace: 15 * time.Minute}
 
 // Decision is what to publish, and when to decide again.

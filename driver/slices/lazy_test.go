@@ -209,3 +209,53 @@ func TestAWholeGPUTakenWhileClosedBlocksItsPartitionsWhenTheyOpen(t *testing.T) 
 		}
 	}
 }
+
+// TestAClaimThatToleratesEveryTaintIsNotAllocatedAPartitionBeingWithdrawn:
+// a claim that tolerates every taint (docs/gang.md recommends it for
+// health taints) could be allocated a partition of a GPU being withdrawn at
+// the grace's last moment; the scheduler writes its allocation only in
+// PreBind, after the pod's volumes are bound, so the plugin's claim check
+// at the grace's end would miss it and withdraw the partition, and the
+// scheduler, counting only published partitions against their GPU, would
+// then hand the whole GPU out over it. The real allocator decides here.
+func TestAClaimThatToleratesEveryTaintIsNotAllocatedAPartitionBeingWithdrawn(t *testing.T) {
+	n := newLazyNode(t)
+	n.now = time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	// A 1g.10gb held on the spare (gpu-7) opens gpu-6 as the next spare;
+	// released, gpu-7 is the spare again and gpu-6 is being withdrawn.
+	res := allocate(t, n.c, profileClaim("1g.10gb"))
+	if res == nil {
+		t.Fatal("a 1g.10gb does not fit on an empty node")
+	}
+	n.c.Commit(res...)
+	dev := res[0].Devices.Results[0].Device
+	n.held[dev]++
+	n.republish()
+	n.c.Release(res...)
+	n.held[dev]--
+	n.republish()
+	if s := n.published["gpu-6"]; !s.IsClosing() {
+		t.Fatalf("gpu-6's partitions are %+v, want published and being withdrawn (published: %v)", s, n.published)
+	}
+	tolerating := func(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {
+		c.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Operator: resourceapi.DeviceTolerationOpExists}}
+		return c
+	}
+	onGPU6 := tolerating(profileClaim("1g.10gb"))
+	onGPU6.Spec.Devices.Requests[0].Exactly.Selectors = append(onGPU6.Spec.Devices.Requests[0].Exactly.Selectors,
+		resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.tessera.dev"].parentIndex == 6`}})
+	if res := allocate(t, n.c, onGPU6); res != nil {
+		t.Fatalf("a claim tolerating every taint was allocated %s, a partition of gpu-6, which is being withdrawn", res[0].Devices.Results[0].Device)
+	}
+	for range 7 {
+		res := allocate(t, n.c, tolerating(profileClaim("1g.10gb")))
+		if res == nil {
+			t.Fatal("a 1g.10gb tolerating every taint did not fit on the spare")
+		}
+		d, _ := n.inv.Lookup(res[0].Devices.Results[0].Device)
+		if d.GPU.Name() != "gpu-7" {
+			t.Fatalf("a claim tolerating every taint was allocated %s on %s, want the spare gpu-7", d.Name, d.GPU.Name())
+		}
+		n.c.Commit(res...)
+	}
+}

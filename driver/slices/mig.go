@@ -34,6 +34,11 @@ const (
 	counterOFAEngines  = "ofa-engines"
 	counterMemorySlice = "memory-slice-%d"
 	counterInstances   = "instances-%s"
+	// counterWithdrawing has no room (0) in a lazily published GPU's
+	// counter set, and each partition being withdrawn consumes 1 of it:
+	// no claim can be allocated one, whatever taints it tolerates
+	// (driver/lazymig, lazily).
+	counterWithdrawing = "withdrawing"
 )
 
 // MIGDevice is the published form of a MIG partition or static MIG device:
@@ -107,8 +112,9 @@ func consumption(d inventory.Device, limits map[string]int) map[string]resourcea
 
 // counterSets are the GPUs' shared counters: one per memory slice, and the
 // engine and instance limits of counterLimits, so the scheduler refuses
-// exactly the combinations NVML would.
-func counterSets(inv *inventory.Inventory, limits limitsByGPU) []resourceapi.CounterSet {
+// exactly the combinations NVML would; published lazily, the GPUs whose
+// partitions can be withdrawn also hold counterWithdrawing, at 0.
+func counterSets(inv *inventory.Inventory, limits limitsByGPU, withdrawable map[string]bool) []resourceapi.CounterSet {
 	var out []resourceapi.CounterSet
 	for _, g := range inv.CounterSets {
 		counters := map[string]resourceapi.Counter{}
@@ -117,6 +123,9 @@ func counterSets(inv *inventory.Inventory, limits limitsByGPU) []resourceapi.Cou
 		}
 		for name, n := range limits.of(g.MIG) {
 			counters[name] = resourceapi.Counter{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+		}
+		if withdrawable[g.Name()] {
+			counters[counterWithdrawing] = resourceapi.Counter{Value: *resource.NewQuantity(0, resource.DecimalSI)}
 		}
 		out = append(out, resourceapi.CounterSet{Name: inventory.CounterSetName(g), Counters: counters})
 	}

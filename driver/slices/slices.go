@@ -6,6 +6,7 @@ package slices
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -148,11 +149,16 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 		}
 		devices = append(devices, dev)
 	}
+	var withdrawable map[string]bool
 	if opts.Lazy != nil {
+		withdrawable = map[string]bool{}
+		for _, g := range LazyGPUs(inv) {
+			withdrawable[g] = true
+		}
 		devices = lazily(inv, devices, *opts.Lazy)
 	}
 	out := chunk(devices)
-	for sets := counterSets(inv, limits); len(sets) > 0; {
+	for sets := counterSets(inv, limits, withdrawable); len(sets) > 0; {
 		n := min(MaxCounterSetsPerSlice, len(sets))
 		out = append(out, resourceslice.Slice{SharedCounters: sets[:n]})
 		sets = sets[n:]
@@ -248,6 +254,7 @@ func lazily(inv *inventory.Inventory, devices []resourceapi.Device, d lazymig.De
 			}
 			if s.IsClosing() {
 				dev.Taints = append(slices.Clone(dev.Taints), resourceapi.DeviceTaint{Key: lazymig.TaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule, TimeAdded: &metav1.Time{Time: s.Closing}})
+				withdrawing(&dev)
 			}
 		}
 		g, seen := groups[src.Profile.Name]
@@ -268,6 +275,26 @@ func lazily(inv *inventory.Inventory, devices []resourceapi.Device, d lazymig.De
 		res[i] = k.dev
 	}
 	return res
+}
+
+// withdrawing makes a partition being withdrawn unallocatable: it consumes
+// counterWithdrawing, of which its GPU's counter set holds none. The taint
+// alone says so only to claims that do not tolerate it, and a claim that
+// tolerates every taint (as docs/gang.md recommends for health taints)
+// could be allocated one at the grace's last moment and written after the
+// withdrawal, its pod held in the scheduler's PreBind on a volume: a
+// partition the scheduler no longer counts against its GPU. A partition
+// allocated before this was published keeps drawing on its GPU's counters
+// (it stays published) until the grace, which outlasts such a wait, ends.
+func withdrawing(dev *resourceapi.Device) {
+	one := resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	cc := slices.Clone(dev.ConsumesCounters)
+	for i := range cc {
+		counters := maps.Clone(cc[i].Counters)
+		counters[counterWithdrawing] = one
+		cc[i].Counters = counters
+	}
+	dev.ConsumesCounters = cc
 }
 
 // uniqueNames refuses an inventory in which two devices, two counter sets,
