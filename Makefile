@@ -158,8 +158,10 @@ fuzz:
 # (the machines are shared and noisy). After printing every figure bench
 # fails if a goal is missed, a goal was judged on fewer samples than it
 # needs, or a benchmark failed (its figures null, with the reason).
-# ~3 minutes on two cores, plus ~28 for the gang simulation and ~20 for the
-# scheduler benchmark (docs/performance.md, "Scale").
+# About an hour on two cores: ~3 minutes for the plugin and allocator
+# benchmarks, ~8 for the gang placements, ~28 for the gang simulation and
+# ~20 for the scheduler benchmark (docs/performance.md, "Running the
+# benchmarks").
 # The plugin benchmarks (test/bench) include BenchmarkPrepareByConfiguration:
 # the shipped gates against LazyMIG=false and DynamicMIG=false side by side.
 # BenchmarkPublish starts the plugin PUBLISH_SAMPLES times (median, spread).
