@@ -99,11 +99,11 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		spec.Devices = append(spec.Devices, dev)
 	}
-	env, err := gangEnv(claim)
+	m, err := ReadMember(claim)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
 	}
-	spec.Common.Env = env
+	spec.Common.Env = gangEnv(m)
 	ids, err := p.CDI.Write(spec)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", ref, err)
@@ -151,18 +151,59 @@ func (p *Preparer) RemoveEarlierBoots(ctx context.Context) error {
 	return nil
 }
 
+// Member is what the gang controller wrote on a claim of a gang's (its
+// annotations): the gang and its size on every such claim, the member's
+// rank and role on a member's own GPU claims.
+type Member struct {
+	// Gang is "<namespace>/<name>"; empty for a claim no gang placed.
+	Gang string
+	Size int
+	// Rank is the member's, 0 to Size-1; -1 on a domain claim (the
+	// gang's, not one member's).
+	Rank int
+	// Role, RoleRank and RoleSize are set in a gang with roles.
+	Role               string
+	RoleRank, RoleSize int
+}
+
+// ReadMember reads a claim's gang annotations (Gang empty and Rank -1 on a
+// claim no gang placed), and names the annotation that does not parse.
+func ReadMember(claim *resourceapi.ResourceClaim) (Member, error) {
+	m := Member{Gang: claim.Annotations[gangv1.AnnotationGang], Rank: -1}
+	var err error
+	if m.Gang != "" {
+		if m.Size, err = strconv.Atoi(claim.Annotations[gangv1.AnnotationSize]); err != nil || m.Size < 1 {
+			return Member{}, fmt.Errorf("annotation %s=%q: want a positive number (written by the gang controller; do not edit it)", gangv1.AnnotationSize, claim.Annotations[gangv1.AnnotationSize])
+		}
+	}
+	rank, ok := claim.Annotations[gangv1.AnnotationRank]
+	if !ok {
+		return m, nil
+	}
+	if m.Rank, err = strconv.Atoi(rank); err != nil || m.Rank < 0 {
+		return Member{}, fmt.Errorf("annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", gangv1.AnnotationRank, rank)
+	}
+	role, ok := claim.Annotations[gangv1.AnnotationRole]
+	if !ok {
+		return m, nil
+	}
+	m.Role = role
+	if m.RoleRank, err = strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleRank]); err != nil || m.RoleRank < 0 {
+		return Member{}, fmt.Errorf("annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", gangv1.AnnotationRoleRank, claim.Annotations[gangv1.AnnotationRoleRank])
+	}
+	if m.RoleSize, err = strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleSize]); err != nil || m.RoleSize <= m.RoleRank {
+		return Member{}, fmt.Errorf("annotation %s=%q: want a number above the role rank %d (written by the gang controller; do not edit it)", gangv1.AnnotationRoleSize, claim.Annotations[gangv1.AnnotationRoleSize], m.RoleRank)
+	}
+	return m, nil
+}
+
 // gangEnv is TESSERA_GANG and TESSERA_GANG_SIZE from a claim's gang
 // annotations; nothing for a claim no gang placed.
-func gangEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
-	gang, ok := claim.Annotations[gangv1.AnnotationGang]
-	if !ok {
-		return nil, nil
+func gangEnv(m Member) []string {
+	if m.Gang == "" {
+		return nil
 	}
-	size, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationSize])
-	if err != nil || size < 1 {
-		return nil, fmt.Errorf("annotation %s=%q: want a positive number (written by the gang controller; do not edit it)", gangv1.AnnotationSize, claim.Annotations[gangv1.AnnotationSize])
-	}
-	return []string{gangv1.EnvGang + "=" + gang, gangv1.EnvGangSize + "=" + strconv.Itoa(size)}, nil
+	return []string{gangv1.EnvGang + "=" + m.Gang, gangv1.EnvGangSize + "=" + strconv.Itoa(m.Size)}
 }
 
 // MemberEnv is the prepare.Config.ClaimEnv hook for a member's GPU claim: the
@@ -171,31 +212,16 @@ func gangEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
 // annotations the gang controller writes on the claim before allocating it;
 // nothing for a claim of no gang.
 func MemberEnv(claim *resourceapi.ResourceClaim) ([]string, error) {
-	rank, ok := claim.Annotations[gangv1.AnnotationRank]
-	if !ok {
+	if _, ok := claim.Annotations[gangv1.AnnotationRank]; !ok {
 		return nil, nil
 	}
-	ref := claim.Namespace + "/" + claim.Name
-	env, err := gangEnv(claim)
+	m, err := ReadMember(claim)
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", ref, err)
+		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
-	r, err := strconv.Atoi(rank)
-	if err != nil || r < 0 {
-		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRank, rank)
-	}
-	env = append(env, gangv1.EnvGangRank+"="+strconv.Itoa(r))
-	role, ok := claim.Annotations[gangv1.AnnotationRole]
-	if !ok {
+	env := append(gangEnv(m), gangv1.EnvGangRank+"="+strconv.Itoa(m.Rank))
+	if m.Role == "" {
 		return env, nil
 	}
-	roleRank, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleRank])
-	if err != nil || roleRank < 0 {
-		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number of 0 or more (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRoleRank, claim.Annotations[gangv1.AnnotationRoleRank])
-	}
-	roleSize, err := strconv.Atoi(claim.Annotations[gangv1.AnnotationRoleSize])
-	if err != nil || roleSize <= roleRank {
-		return nil, fmt.Errorf("claim %s: annotation %s=%q: want a number above the role rank %d (written by the gang controller; do not edit it)", ref, gangv1.AnnotationRoleSize, claim.Annotations[gangv1.AnnotationRoleSize], roleRank)
-	}
-	return append(env, gangv1.EnvRole+"="+role, gangv1.EnvRoleRank+"="+strconv.Itoa(roleRank), gangv1.EnvRoleSize+"="+strconv.Itoa(roleSize)), nil
+	return append(env, gangv1.EnvRole+"="+m.Role, gangv1.EnvRoleRank+"="+strconv.Itoa(m.RoleRank), gangv1.EnvRoleSize+"="+strconv.Itoa(m.RoleSize)), nil
 }

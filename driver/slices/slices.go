@@ -83,6 +83,19 @@ func GPUDevice(g discovery.GPU) resourceapi.Device {
 	}
 }
 
+// Device is the published form of one of the inventory's devices, before
+// Build adds what the node's state decides (counters, taints): a whole GPU,
+// shared if the inventory says so, or a MIG device.
+func Device(d inventory.Device) resourceapi.Device {
+	if d.Kind != inventory.Whole {
+		return MIGDevice(d)
+	}
+	dev := GPUDevice(d.GPU)
+	dev.Name = d.Name
+	share(&dev, d.GPU, d.Share)
+	return dev
+}
+
 // gpuAttributes are what a GPU and each of its MIG devices share: the
 // product, versions and topology a claim selects or aligns on.
 func gpuAttributes(g discovery.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
@@ -130,14 +143,7 @@ func Build(nodeName string, inv *inventory.Inventory, opts Options) (resourcesli
 	limits := limitsByGPU{} // counterLimits, worked out once per GPU
 	counted := countedGPUs(inv, opts.Lazy)
 	for _, d := range inv.Devices {
-		var dev resourceapi.Device
-		if d.Kind == inventory.Whole {
-			dev = GPUDevice(d.GPU)
-			dev.Name = d.Name
-			share(&dev, d.GPU, d.Share)
-		} else {
-			dev = MIGDevice(d)
-		}
+		dev := Device(d)
 		if d.Counters != "" && counted(d.GPU.Name()) {
 			dev.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: d.Counters, Counters: consumption(d, limits.of(d.GPU.MIG))}}
 		}
