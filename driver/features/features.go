@@ -34,13 +34,26 @@ const (
 	//
 	// owner: tessera; beta: v0.2
 	LazyMIG featuregate.Feature = "LazyMIG"
+
+	// DeviceMetadata writes, for each prepared claim's request, the
+	// kubelet's device metadata file (KEP-5304) that the kubelet plugin
+	// helper mounts into the claim's containers at
+	// /var/run/kubernetes.io/dra-device-attributes/: each device's
+	// attributes, what its prepare made (a partition's UUID, a share's
+	// memory) and a gang member's rank and role (driver/devicemeta). Needs
+	// a container runtime that applies CDI specs, as every claim does; no
+	// Kubernetes feature gate.
+	//
+	// owner: tessera; beta: v0.3
+	DeviceMetadata featuregate.Feature = "DeviceMetadata"
 )
 
 // defaults are the gates and their specs; add new gates here only.
 var defaults = map[featuregate.Feature]featuregate.FeatureSpec{
-	DeviceHealth: {Default: true, PreRelease: featuregate.Beta},
-	DynamicMIG:   {Default: true, PreRelease: featuregate.Beta},
-	LazyMIG:      {Default: true, PreRelease: featuregate.Beta},
+	DeviceHealth:   {Default: true, PreRelease: featuregate.Beta},
+	DynamicMIG:     {Default: true, PreRelease: featuregate.Beta},
+	LazyMIG:        {Default: true, PreRelease: featuregate.Beta},
+	DeviceMetadata: {Default: true, PreRelease: featuregate.Beta},
 }
 
 // New returns a gate set holding all of Tessera's gates at their defaults.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/tessera-dev/tessera/driver/devicemeta"
 	"github.com/tessera-dev/tessera/driver/domain"
 	"github.com/tessera-dev/tessera/driver/health"
 	"github.com/tessera-dev/tessera/driver/prepare"
@@ -41,6 +42,9 @@ type Driver struct {
 	// lazy is nil unless MIG partitions are published lazily; a prepare
 	// pins its devices there while it runs.
 	lazy *lazyMIG
+	// metadata fills each prepared device's Metadata (DeviceMetadata gate),
+	// which the kubelet plugin helper writes for the claim's containers.
+	metadata bool
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -83,7 +87,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	// In flight from the kubelet's call to the answer, refusals included.
 	defer d.metrics.preparing()()
 	if domain.Has(d.domains.Driver, c) {
-		return d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
+		devs, err := d.claims.PrepareDomain(ctx, c, d.domains.Prepare)
+		if err != nil || !d.metadata {
+			return devs, err
+		}
+		return devicemeta.DescribeDomain(c, devs)
 	}
 	if err := d.refuseLost(ctx, c); err != nil {
 		return nil, err
@@ -91,7 +99,12 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if d.lazy != nil {
 		defer d.lazy.pin(c)()
 	}
-	return d.claims.Prepare(ctx, c)
+	devs, err := d.claims.Prepare(ctx, c)
+	if err != nil || !d.metadata {
+		return devs, err
+	}
+	rec, _ := d.claims.Record(c.UID)
+	return devicemeta.Describe(d.claims.Inventory(), c, rec.Devices, devs)
 }
 
 // HandleError logs background errors; unrecoverable ones stop the plugin so

@@ -12,8 +12,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -22,6 +24,7 @@ import (
 	"github.com/tessera-dev/tessera/cdi"
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/devicemeta"
 	"github.com/tessera-dev/tessera/driver/devnodes"
 	"github.com/tessera-dev/tessera/driver/discovery"
 	"github.com/tessera-dev/tessera/driver/domain"
@@ -181,11 +184,17 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 	if err != nil {
 		return nil, err
 	}
+	var meta *devicemeta.Files
+	var forget func(namespace, name string, uid types.UID) error
+	if gates.Enabled(features.DeviceMetadata) {
+		meta = &devicemeta.Files{PluginDataDir: o.PluginDataDir, CDIDir: o.CDIRoot, Driver: slices.DriverName}
+		forget = meta.Forget
+	}
 	mgr, err := prepare.New(ctx, prepare.Config{
 		DriverName: slices.DriverName, PoolName: o.Node.NodeName, Inventory: inv, MIG: mig.NewManager(node.NVML),
 		CDI: cdiStore, DomainCDI: domainStore, Checkpoint: ckpt, DevNodes: dev, DriverEdits: driverFiles.Edits, BootID: bootID,
 		Settings: gpuset.New(node.NVML), MPS: daemons, IMEX: imexes,
-		ClaimEnv: domain.MemberEnv, Shared: shared, HostNodes: hostNodes,
+		ClaimEnv: domain.MemberEnv, Shared: shared, HostNodes: hostNodes, Forget: forget,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recover prepared claims: %w", err)
@@ -206,7 +215,15 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		cancel(err)
 		return nil, err
 	}
-	d := &Driver{claims: mgr, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
+	// The kubelet plugin helper removes a claim's device metadata when the
+	// kubelet unprepares it; what a claim the kubelet forgot, a lost
+	// checkpoint or an earlier boot left goes here, before any prepare can
+	// run, unless another instance serves the node beside this one.
+	if err := sweepMetadata(ctx, meta, mgr, shared != nil); err != nil {
+		cancel(err)
+		return nil, err
+	}
+	d := &Driver{claims: mgr, metadata: meta != nil, domains: domains, fatal: cancel, health: monitor, pool: o.Node.NodeName, metrics: claimMetrics, refused: make(chan []string, 1)}
 	if gates.Enabled(features.LazyMIG) && invOpts.DynamicMIG {
 		d.lazy = newLazyMIG(o.lazyPolicy(), o.clock(), client, o.Node.NodeName, mgr, filepath.Join(o.PluginDataDir, LazyMIGMarkerFile), ranBefore)
 	}
@@ -232,6 +249,9 @@ func Start(ctx context.Context, o Options, client kubernetes.Interface) (*Plugin
 		// Shared, driver/nodelock).
 		kubeletplugin.Serialize(false),
 		kubeletplugin.GRPCInterceptor(registered.interceptor),
+	}
+	if meta != nil {
+		opts = append(opts, kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}), kubeletplugin.CDIDirectory(o.CDIRoot))
 	}
 	if shared != nil {
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.PodUID)))

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +13,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/driver/checkpoint"
+	"github.com/tessera-dev/tessera/driver/devicemeta"
+	"github.com/tessera-dev/tessera/driver/prepare"
 )
 
 // staleInterval is how often prepared claims are checked against the API.
@@ -119,4 +122,27 @@ func (p *Plugin) sweepDaemons(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// sweepMetadata removes the device metadata of claims the node does not
+// hold (driver/devicemeta). It runs before the plugin registers with the
+// kubelet, so no prepare writes meanwhile; beside another instance
+// (rolling), which prepares all along, it leaves everything: the next
+// start on its own sweeps.
+func sweepMetadata(ctx context.Context, meta *devicemeta.Files, mgr *prepare.Manager, rolling bool) error {
+	if meta == nil || rolling {
+		return nil
+	}
+	var held []devicemeta.Claim
+	for uid, c := range mgr.PreparedClaims() {
+		held = append(held, devicemeta.Claim{Namespace: c.Namespace, Name: c.Name, UID: uid})
+	}
+	n, err := meta.Sweep(held)
+	if err != nil {
+		return fmt.Errorf("remove the device metadata of claims no longer prepared: %w", err)
+	}
+	if n > 0 {
+		klog.FromContext(ctx).Info("Removed the device metadata of claims no longer prepared", "files", n)
+	}
+	return nil
 }

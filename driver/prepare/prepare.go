@@ -272,6 +272,9 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 		if err := m.removeSpecs(string(uid)); err != nil {
 			return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 		}
+		if err := m.forget(c, uid); err != nil {
+			return false, err
+		}
 		klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
 		return true, nil
 	}
@@ -283,6 +286,9 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
 	failpoint(fpCDIRemove)
+	if err := m.forget(c, uid); err != nil {
+		return false, err
+	}
 	if err := m.stopDaemons(ctx, c); err != nil {
 		return false, fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
 	}
@@ -309,6 +315,17 @@ func (m *Manager) unprepareHeld(ctx context.Context, uid types.UID, still func(c
 	failpoint(fpUnprepareCompleted)
 	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", claimRef(c.Namespace, c.Name), "uid", uid)
 	return true, nil
+}
+
+// forget removes what Config.Forget keeps for a claim besides its specs.
+func (m *Manager) forget(c checkpoint.Claim, uid types.UID) error {
+	if m.cfg.Forget == nil {
+		return nil
+	}
+	if err := m.cfg.Forget(c.Namespace, c.Name, uid); err != nil {
+		return fmt.Errorf("claim %s: %w", claimRef(c.Namespace, c.Name), err)
+	}
+	return nil
 }
 
 // StopOrphanDaemon stops the MPS daemon the daemon sweep found for a claim

@@ -168,6 +168,11 @@ type Config struct {
 	// claim (the gang controller's rank and size, read from the claim's
 	// annotations). An error fails the prepare.
 	ClaimEnv func(*resourceapi.ResourceClaim) ([]string, error)
+	// Forget, if set, removes what else the node keeps for a claim once its
+	// CDI specs are removed (the device metadata files, driver/devicemeta):
+	// under the claim's lock, so a prepare of the claim again cannot lose
+	// what it writes. An error fails the unprepare, which is retried.
+	Forget func(namespace, name string, uid types.UID) error
 	// Shared, set in a rolling update, are the locks of the state another
 	// plugin instance shares (driver/nodelock); nil when this one owns it.
 	Shared SharedLocks
@@ -581,6 +586,14 @@ func (m *Manager) PreparedClaims() map[types.UID]checkpoint.Claim {
 		out[types.UID(uid)] = c
 	}
 	return out
+}
+
+// Record is a claim's record now, if the node holds one.
+func (m *Manager) Record(uid types.UID) (checkpoint.Claim, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.data.Claims[string(uid)]
+	return c, ok
 }
 
 // changed records that m.data changed and returns the change's version;
