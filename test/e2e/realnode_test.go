@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -143,6 +145,7 @@ for m in 0 1 2 3 4 5 6 7; do if [ /dev/nvidia$m != $given ]; then other=$m; brea
 echo "OTHER-MINOR $other"
 mknod /tmp/other c 195 $other
 echo "OPEN-OTHER $(cat /tmp/other 2>&1)"
+for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*-metadata.json' 2>/dev/null); do echo "META $f $(tr -d '\n' < "$f")"; done
 `
 
 // TestRealRuntimeNodeRunsContainersWithTheirGPUs runs pods in real
@@ -322,6 +325,7 @@ func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 	if hook {
 		checkLoaderCache(t, steps, step, got, out)
 	}
+	checkDeviceMetadata(steps, step, claim, got, g.uuid, out)
 	if !strings.Contains(got.openGiven, "No such device or address") {
 		steps.fail(step, "opening its own GPU %s ended %q, want ENXIO (No such device or address: the devices cgroup allows it, no driver answers)\noutput:\n%s", devices[0], got.openGiven, out)
 	}
@@ -346,9 +350,42 @@ func checkGPUPod(ctx context.Context, t *testing.T, c *tesseraCluster, steps rea
 	t.Logf("%s: %v", step, time.Since(t0).Round(time.Millisecond))
 }
 
+// checkDeviceMetadata checks the device metadata file the container found
+// (DeviceMetadata gate, on by default): one, where Kubernetes documents it
+// for a claim from a template (the pod's claim "gpu"), naming the claim's
+// one device with the UUID the test reads from the node's NVML.
+func checkDeviceMetadata(steps realNodeSteps, step string, claim *resourceapi.ResourceClaim, got probeResult, uuid, out string) {
+	want := "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/" + claim.Spec.Devices.Requests[0].Name + "/gpu.tessera.dev-metadata.json"
+	content, ok := got.metadata[want]
+	if !ok || len(got.metadata) != 1 {
+		steps.fail(step, "the container's device metadata files are %v, want one, %s\noutput:\n%s", slices.Collect(maps.Keys(got.metadata)), want, out)
+	}
+	var doc struct {
+		Requests []struct {
+			Devices []struct {
+				Name       string `json:"name"`
+				Attributes map[string]struct {
+					String *string `json:"string"`
+				} `json:"attributes"`
+			} `json:"devices"`
+		} `json:"requests"`
+	}
+	if err := json.NewDecoder(strings.NewReader(content)).Decode(&doc); err != nil {
+		steps.fail(step, "device metadata %s does not decode: %v\n%s", want, err, content)
+	}
+	if len(doc.Requests) != 1 || len(doc.Requests[0].Devices) != 1 {
+		steps.fail(step, "device metadata %s holds %+v, want one request of one device", want, doc.Requests)
+	}
+	d := doc.Requests[0].Devices[0]
+	if u := d.Attributes["uuid"].String; d.Name != allocatedDevices(claim)[0] || u == nil || *u != uuid {
+		steps.fail(step, "device metadata %s names device %s with attributes %v, want %s with uuid %s\n%s", want, d.Name, d.Attributes, allocatedDevices(claim)[0], uuid, content)
+	}
+}
+
 // probeResult is what gpuProbe printed.
 type probeResult struct {
 	devices              map[string]string // path -> "<type> <major hex> <minor hex>"
+	metadata             map[string]string // device metadata file -> its content
 	env                  map[string]string
 	lib                  string
 	ldCache              string // base64
@@ -358,7 +395,7 @@ type probeResult struct {
 }
 
 func parseProbe(out string) probeResult {
-	r := probeResult{devices: map[string]string{}, env: map[string]string{}}
+	r := probeResult{devices: map[string]string{}, env: map[string]string{}, metadata: map[string]string{}}
 	for _, line := range strings.Split(out, "\n") {
 		tag, rest, _ := strings.Cut(line, " ")
 		switch tag {
@@ -382,6 +419,9 @@ func parseProbe(out string) probeResult {
 			r.openOther = rest
 		case "OTHER-MINOR":
 			r.otherMinor, _ = strconv.Atoi(rest)
+		case "META":
+			path, content, _ := strings.Cut(rest, " ")
+			r.metadata[path] = content
 		}
 	}
 	return r
