@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -127,7 +128,22 @@ func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output str
 }
 
 // discover opens the node the options name, reads its GPUs and closes it.
+// A simulated node is opened afresh, in a directory of its own (--fake-root
+// or a temporary one, removed after) and without the driver state a plugin
+// keeps: the command prints the same whatever ran before it, and leaves
+// nothing behind.
 func discover(ctx context.Context, opts nodeopen.Options) ([]discovery.GPU, error) {
+	if opts.FakeNode != "" && opts.Opened == nil {
+		opts.Ephemeral = true
+		if opts.FakeRoot == "" {
+			dir, err := os.MkdirTemp("", "tessera-"+opts.FakeNode+"-")
+			if err != nil {
+				return nil, fmt.Errorf("fake node %s: a directory for its host files: %w (set TMPDIR or --fake-root to a writable directory)", opts.FakeNode, err)
+			}
+			defer func() { _ = os.RemoveAll(dir) }()
+			opts.FakeRoot = dir
+		}
+	}
 	n, err := opts.Open()
 	if err != nil {
 		return nil, err
