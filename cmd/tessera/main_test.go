@@ -71,6 +71,51 @@ func run(t *testing.T, path string, env []string, args ...string) result {
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode()}
 }
 
+// TestUsageNamesTheCommandAsItWasRun: installed as kubectl-tessera (a
+// kubectl plugin), the tool's usage and help say `kubectl tessera ...`,
+// which is what the user types; as tessera they say `tessera ...`.
+func TestUsageNamesTheCommandAsItWasRun(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		want    []string
+		wantNot string
+		subWant string
+	}{
+		{
+			name:    "kubectl-tessera",
+			want:    []string{"\n  kubectl tessera [command]\n", `Use "kubectl tessera [command] --help"`},
+			wantNot: "\n  tessera [command]",
+			subWant: "\n  kubectl tessera explain CLAIM [flags]\n",
+		},
+		{
+			name:    "tessera",
+			want:    []string{"\n  tessera [command]\n", `Use "tessera [command] --help"`},
+			wantNot: "kubectl",
+			subWant: "\n  tessera explain CLAIM [flags]\n",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bin, env := binary(t, c.name), newcomer(t)
+			help := run(t, bin, env, "--help")
+			if help.code != 0 {
+				t.Fatalf("%s --help: exit %d, stderr:\n%s", c.name, help.code, help.stderr)
+			}
+			for _, want := range c.want {
+				if !strings.Contains(help.stdout, want) {
+					t.Errorf("%s --help lacks %q:\n%s", c.name, want, help.stdout)
+				}
+			}
+			if strings.Contains(help.stdout, c.wantNot) {
+				t.Errorf("%s --help says %q:\n%s", c.name, c.wantNot, help.stdout)
+			}
+			sub := run(t, bin, env, "explain", "--help")
+			if !strings.Contains(sub.stdout, c.subWant) {
+				t.Errorf("%s explain --help lacks %q:\n%s", c.name, c.subWant, sub.stdout)
+			}
+		})
+	}
+}
+
 // TestExplainWithoutAClusterSaysWhereItLooked: with no kubeconfig anywhere
 // and outside a pod, explain names each place it looked, as kubectl's
 // loading rules look (--kubeconfig, KUBECONFIG, ~/.kube/config, the pod's

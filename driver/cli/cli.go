@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,12 +25,28 @@ import (
 	"github.com/tessera-dev/tessera/driver/slices"
 )
 
-// NewCommand returns the root `tessera` command.
-func NewCommand() *cobra.Command {
+// KubectlPlugin is the name kubectl finds the tool by on PATH: `kubectl
+// tessera ARGS` runs kubectl-tessera ARGS.
+const KubectlPlugin = "kubectl-tessera"
+
+// Name is what the tool calls itself in its usage, from the name it was
+// run as (os.Args[0]): "kubectl tessera" as a kubectl plugin, else
+// "tessera".
+func Name(arg0 string) string {
+	if strings.TrimSuffix(filepath.Base(arg0), ".exe") == KubectlPlugin {
+		return "kubectl tessera"
+	}
+	return "tessera"
+}
+
+// NewCommand returns the root command, whose usage and help call it name
+// (see Name).
+func NewCommand(name string) *cobra.Command {
 	root := &cobra.Command{
 		Use:          "tessera",
 		Short:        "Inspect and troubleshoot the Tessera GPU DRA driver",
 		SilenceUsage: true,
+		Annotations:  map[string]string{cobra.CommandDisplayNameAnnotation: name},
 	}
 	root.AddCommand(newInspectCommand(), newExplainCommand())
 	return root

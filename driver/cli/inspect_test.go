@@ -132,7 +132,7 @@ func TestInspectCommandRejectsBadInput(t *testing.T) {
 		{"inspect", "--fake-node", "dgx-z900"},
 		{"inspect", "--fake-node", "dgx-h100", "-o", "xml"},
 	} {
-		cmd := NewCommand()
+		cmd := NewCommand("tessera")
 		cmd.SetArgs(args)
 		cmd.SetOut(&bytes.Buffer{})
 		cmd.SetErr(&bytes.Buffer{})
@@ -154,7 +154,7 @@ func TestInspectDependsOnNoEarlierRun(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var out, errOut bytes.Buffer
-		cmd := NewCommand()
+		cmd := NewCommand("tessera")
 		cmd.SetArgs(append([]string{"inspect", "--node-name", "node-a"}, args...))
 		cmd.SetOut(&out)
 		cmd.SetErr(&errOut)
