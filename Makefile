@@ -4,6 +4,8 @@
 #   make test    everything CI runs: unit, allocator, socket and cluster tests
 #   make lint    gofmt, go vet, staticcheck
 #   make build   the binaries into _output/bin
+#   make cli     the tessera CLI alone into _output/bin, also as kubectl-tessera
+#   make install-cli  tessera and kubectl-tessera into $(BINDIR)
 #   make manifests  deployments/manifests/tessera.yaml from the Helm chart
 #   make churn   the gang-against-small-pods race for CHURN_TRIALS trials
 #   make bench   every benchmark; fails on a missed goal (docs/performance.md)
@@ -30,13 +32,34 @@ STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 
 BINARIES := tessera tessera-kubelet-plugin tessera-controller tessera-webhook tessera-cdi-hook tessera-fake-imex
 
-.PHONY: all build test oracle churn hardware-compare unit lint fmt vet staticcheck demo fuzz bench bench-short clean manifests chart-lint image image-oci
+.PHONY: all build cli install-cli test oracle churn hardware-compare unit lint fmt vet staticcheck demo fuzz bench bench-short clean manifests chart-lint image image-oci
 
 all: build
+
+# KUBECTL_PLUGIN is the name kubectl finds the CLI by on PATH: `kubectl
+# tessera ...` runs kubectl-tessera, a link to tessera, which then calls
+# itself "kubectl tessera" in its usage.
+KUBECTL_PLUGIN := kubectl-tessera
 
 build:
 	@mkdir -p $(OUTPUT)/bin
 	$(GO) build -o $(OUTPUT)/bin/ $(addprefix ./cmd/,$(BINARIES))
+	ln -sf tessera $(OUTPUT)/bin/$(KUBECTL_PLUGIN)
+
+# cli builds the operator's CLI alone (build makes it with the others).
+cli:
+	@mkdir -p $(OUTPUT)/bin
+	$(GO) build -o $(OUTPUT)/bin/ ./cmd/tessera
+	ln -sf tessera $(OUTPUT)/bin/$(KUBECTL_PLUGIN)
+
+# install-cli installs the CLI into BINDIR, under both names: put BINDIR on
+# PATH and `kubectl tessera` works (kubectl plugin list shows it).
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+install-cli: cli
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 0755 $(OUTPUT)/bin/tessera $(DESTDIR)$(BINDIR)/tessera
+	ln -sf tessera $(DESTDIR)$(BINDIR)/$(KUBECTL_PLUGIN)
 
 # image builds the one image the chart runs (Dockerfile) with a container
 # engine; nothing else needs one.

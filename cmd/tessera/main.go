@@ -1,5 +1,7 @@
 // Command tessera is the operator's tool: `tessera inspect` prints the
-// ResourceSlices a node would publish, from real NVML or a simulated node.
+// ResourceSlices a node would publish, from real NVML or a simulated node;
+// `tessera explain` says why a claim is pending. Installed as
+// kubectl-tessera it is also a kubectl plugin: `kubectl tessera ...`.
 package main
 
 import (
@@ -9,7 +11,7 @@ import (
 )
 
 func main() {
-	if err := cli.NewCommand().Execute(); err != nil {
+	if err := cli.NewCommand(cli.Name(os.Args[0])).Execute(); err != nil {
 		os.Exit(1)
 	}
 }

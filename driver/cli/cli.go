@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,12 +25,28 @@ import (
 	"github.com/tessera-dev/tessera/driver/slices"
 )
 
-// NewCommand returns the root `tessera` command.
-func NewCommand() *cobra.Command {
+// KubectlPlugin is the name kubectl finds the tool by on PATH: `kubectl
+// tessera ARGS` runs kubectl-tessera ARGS.
+const KubectlPlugin = "kubectl-tessera"
+
+// Name is what the tool calls itself in its usage, from the name it was
+// run as (os.Args[0]): "kubectl tessera" as a kubectl plugin, else
+// "tessera".
+func Name(arg0 string) string {
+	if strings.TrimSuffix(filepath.Base(arg0), ".exe") == KubectlPlugin {
+		return "kubectl tessera"
+	}
+	return "tessera"
+}
+
+// NewCommand returns the root command, whose usage and help call it name
+// (see Name).
+func NewCommand(name string) *cobra.Command {
 	root := &cobra.Command{
 		Use:          "tessera",
 		Short:        "Inspect and troubleshoot the Tessera GPU DRA driver",
 		SilenceUsage: true,
+		Annotations:  map[string]string{cobra.CommandDisplayNameAnnotation: name},
 	}
 	root.AddCommand(newInspectCommand(), newExplainCommand())
 	return root
@@ -127,7 +146,22 @@ func Inspect(ctx context.Context, w io.Writer, opts nodeopen.Options, output str
 }
 
 // discover opens the node the options name, reads its GPUs and closes it.
+// A simulated node is opened afresh, in a directory of its own (--fake-root
+// or a temporary one, removed after) and without the driver state a plugin
+// keeps: the command prints the same whatever ran before it, and leaves
+// nothing behind.
 func discover(ctx context.Context, opts nodeopen.Options) ([]discovery.GPU, error) {
+	if opts.FakeNode != "" && opts.Opened == nil {
+		opts.Ephemeral = true
+		if opts.FakeRoot == "" {
+			dir, err := os.MkdirTemp("", "tessera-"+opts.FakeNode+"-")
+			if err != nil {
+				return nil, fmt.Errorf("fake node %s: a directory for its host files: %w (set TMPDIR or --fake-root to a writable directory)", opts.FakeNode, err)
+			}
+			defer func() { _ = os.RemoveAll(dir) }()
+			opts.FakeRoot = dir
+		}
+	}
 	n, err := opts.Open()
 	if err != nil {
 		return nil, err

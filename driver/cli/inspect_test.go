@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-dev/tessera/driver/fakenode"
@@ -131,12 +132,79 @@ func TestInspectCommandRejectsBadInput(t *testing.T) {
 		{"inspect", "--fake-node", "dgx-z900"},
 		{"inspect", "--fake-node", "dgx-h100", "-o", "xml"},
 	} {
-		cmd := NewCommand()
+		cmd := NewCommand("tessera")
 		cmd.SetArgs(args)
 		cmd.SetOut(&bytes.Buffer{})
 		cmd.SetErr(&bytes.Buffer{})
 		if err := cmd.Execute(); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// TestInspectDependsOnNoEarlierRun: the README's commands in order (a DGX
+// H100, then a PCIe L4 node, under one node name) each print their own node
+// and leave nothing behind; and a simulated node that a plugin process left
+// with a MIG device under the same name changes nothing inspect prints,
+// even where it would show one (DynamicMIG off publishes the MIG devices it
+// finds). A command that only prints reads no state an earlier process kept.
+func TestInspectDependsOnNoEarlierRun(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	run := func(args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		cmd := NewCommand("tessera")
+		cmd.SetArgs(append([]string{"inspect", "--node-name", "node-a"}, args...))
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("tessera inspect %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String()
+	}
+	run("--fake-node", "dgx-h100")
+	var l4 struct {
+		Items []struct {
+			Spec struct {
+				Devices []struct{ Name string } `json:"devices"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(run("--fake-node", "pcie-l4x4", "-o", "json")), &l4); err != nil {
+		t.Fatal(err)
+	}
+	if len(l4.Items) != 1 || len(l4.Items[0].Spec.Devices) != 4 {
+		t.Errorf("pcie-l4x4 after dgx-h100: %+v, want one slice of 4 GPUs", l4.Items)
+	}
+	static := run("--fake-node", "dgx-h100", "--feature-gates=DynamicMIG=false")
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("inspect left %v in the temp dir", left)
+	}
+
+	// A plugin process's node, under the same name: it makes a MIG device
+	// on gpu-0.
+	n, err := (&nodeopen.Options{NodeName: "node-a", FakeNode: "dgx-h100"}).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := n.NVML.DeviceGetHandleByIndex(0)
+	if ret, _ := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	p, _ := d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	gi, ret := d.CreateGpuInstance(&p)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	cp, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if _, ret := gi.CreateComputeInstance(&cp); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if again := run("--fake-node", "dgx-h100", "--feature-gates=DynamicMIG=false"); again != static {
+		t.Errorf("inspect after a plugin made a MIG device differs from a first run (-first +after):\n%s", cmp.Diff(static, again))
 	}
 }

@@ -89,11 +89,11 @@ func FromProfile(p Profile, opts Options) (*Node, error) {
 	var persist *persister
 	saved, restore, err := savedState{}, false, error(nil)
 	if opts.Persist {
-		persist = &persister{path: filepath.Join(opts.Dir, StateFile), devs: devs, settings: settings}
+		persist = &persister{path: filepath.Join(opts.Dir, StateFile), profile: p.Name, devs: devs, settings: settings}
 		if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
 		}
-		if saved, restore, err = readState(opts.Dir, len(devs)); err != nil {
+		if saved, restore, err = readState(opts.Dir, p.Name, len(devs)); err != nil {
 			return nil, fmt.Errorf("fake node %s: %w", p.Name, err)
 		}
 	}

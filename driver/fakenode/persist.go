@@ -19,12 +19,16 @@ import (
 // is reset, whichever process made them; so a plugin started again in
 // another process (a new plugin pod during an upgrade, over the same
 // --fake-root) finds the partitions the old one created. Reboot clears
-// them.
+// them. The file names the profile that wrote it: a directory keeps one
+// simulated node, as a node's driver keeps the state of its own GPUs.
 const StateFile = "fake-nvml-state.json"
 
 // savedState is StateFile's content.
 type savedState struct {
-	GPUs []savedGPU `json:"gpus"`
+	// Profile names the profile whose node wrote the file; files written
+	// before it was recorded have none and are checked by GPU count alone.
+	Profile string     `json:"profile,omitempty"`
+	GPUs    []savedGPU `json:"gpus"`
 }
 
 type savedGPU struct {
@@ -50,6 +54,7 @@ type savedCI struct {
 // persister writes the node's state to its StateFile after each change.
 type persister struct {
 	path     string
+	profile  string
 	devs     []*server.Device
 	settings []*settings
 	mu       sync.Mutex
@@ -66,7 +71,9 @@ func (p *persister) save() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := writeState(p.path, snapshot(p.devs, p.settings)); err != nil && p.err == nil {
+	s := snapshot(p.devs, p.settings)
+	s.Profile = p.profile
+	if err := writeState(p.path, s); err != nil && p.err == nil {
 		p.err = err
 	}
 }
@@ -114,8 +121,10 @@ func writeState(path string, s savedState) error {
 	return nil
 }
 
-// readState reads the state file; ok is false when there is none.
-func readState(dir string, gpus int) (s savedState, ok bool, err error) {
+// readState reads the state file a node of the named profile with gpus
+// GPUs left in dir; ok is false when there is none. A file another profile
+// wrote is an error: its instances are another GPU model's.
+func readState(dir, profile string, gpus int) (s savedState, ok bool, err error) {
 	data, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return s, false, nil
@@ -126,8 +135,12 @@ func readState(dir string, gpus int) (s savedState, ok bool, err error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, false, fmt.Errorf("read the fake driver's state %s: %w", filepath.Join(dir, StateFile), err)
 	}
+	path := filepath.Join(dir, StateFile)
+	if s.Profile != "" && s.Profile != profile {
+		return s, false, fmt.Errorf("the fake driver's state %s belongs to a simulated %s node, not %s: give each profile its own directory, or remove the file to start afresh", path, s.Profile, profile)
+	}
 	if len(s.GPUs) != gpus {
-		return s, false, fmt.Errorf("the fake driver's state %s has %d GPUs, the node %d", filepath.Join(dir, StateFile), len(s.GPUs), gpus)
+		return s, false, fmt.Errorf("the fake driver's state %s has %d GPUs, the node %d: give each profile its own directory, or remove the file to start afresh", path, len(s.GPUs), gpus)
 	}
 	return s, true, nil
 }

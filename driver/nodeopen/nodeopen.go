@@ -28,6 +28,11 @@ type Options struct {
 	FakeRoot string
 	// FakeClique overrides a fake node's NVLink clique (<clusterUUID>.<id>).
 	FakeClique string
+	// Ephemeral opens a fake node as a freshly booted one, whatever an
+	// earlier process left in its directory, and keeps no driver state
+	// (fakenode.Options.Persist): for commands that only print, so that
+	// what they print never depends on an earlier run. Not a flag.
+	Ephemeral bool
 	// Opened is a node the caller opened itself (a test that keeps driving
 	// its fake node); Open returns it as is. Not a flag.
 	Opened *gpulib.Node
@@ -40,7 +45,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DriverRoot, "driver-root", component.Env("DRIVER_ROOT", "/"), "Root of the NVIDIA driver installation (libraries, tools and possibly device nodes). Environment: DRIVER_ROOT.")
 	fs.StringVar(&o.HostDriverRoot, "host-driver-root", component.Env("HOST_DRIVER_ROOT", ""), "The driver root's path on the host, which CDI specs and MPS daemon pods name, when the plugin's container sees it elsewhere (the chart mounts the host's driver root at /driver-root and passes --driver-root=/driver-root). Empty: the same as --driver-root. Environment: HOST_DRIVER_ROOT.")
 	fs.StringVar(&o.FakeNode, "fake-node", component.Env("FAKE_NODE", ""), fmt.Sprintf("Simulate a GPU node instead of using NVML; one of: %v. Environment: FAKE_NODE.", fakenode.Profiles()))
-	fs.StringVar(&o.FakeRoot, "fake-root", component.Env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver). Default: a directory under the system temp dir. Environment: FAKE_ROOT.")
+	fs.StringVar(&o.FakeRoot, "fake-root", component.Env("FAKE_ROOT", ""), "Directory for a fake node's host files (sysfs, device nodes, driver) and the state its driver keeps across processes (MIG instances, settings), one profile per directory. Default: tessera-fake-<node-name>-<profile> under the system temp dir; the tessera CLI starts from a fresh directory and keeps no state. Environment: FAKE_ROOT.")
 	fs.StringVar(&o.FakeClique, "fake-clique", component.Env("FAKE_CLIQUE", ""), "Override a fake node's multi-node NVLink clique as <clusterUUID>.<cliqueID>. Environment: FAKE_CLIQUE.")
 }
 
@@ -77,15 +82,20 @@ func (o *Options) Open() (*gpulib.Node, error) {
 		return n, nil
 	}
 	dir := o.FakeRoot
-	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "tessera-fake-"+o.NodeName)
+	if dir == "" && o.Ephemeral {
+		return nil, fmt.Errorf("fake node %s: an ephemeral node needs a directory of its own (FakeRoot)", o.FakeNode)
 	}
-	// The fake driver's MIG state outlives this process, as the kernel
-	// driver's does: a plugin started again over the same --fake-root
-	// (another pod of the DaemonSet) finds the partitions held.
-	n, err := fakenode.New(o.FakeNode, fakenode.Options{Dir: dir, NodeName: o.NodeName, Clique: o.FakeClique, Persist: true})
+	if dir == "" {
+		// One directory per node and profile: each simulated node keeps
+		// its own driver state, as each real node's driver does.
+		dir = filepath.Join(os.TempDir(), "tessera-fake-"+o.NodeName+"-"+o.FakeNode)
+	}
+	// Unless Ephemeral, the fake driver's MIG state outlives this process,
+	// as the kernel driver's does: a plugin started again over the same
+	// --fake-root (another pod of the DaemonSet) finds the partitions held.
+	n, err := fakenode.New(o.FakeNode, fakenode.Options{Dir: dir, NodeName: o.NodeName, Clique: o.FakeClique, Persist: !o.Ephemeral})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--fake-root %s: %w", dir, err)
 	}
 	return &n.Node, nil
 }
