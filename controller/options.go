@@ -40,6 +40,9 @@ type Options struct {
 	// unschedulable on the node it was placed on before the gang is rolled
 	// back and placed again.
 	UnschedulableGrace time.Duration
+	// NodeLabels labels GPU nodes with their NVLink domain and clique
+	// (controller/nodelabels).
+	NodeLabels bool
 	// IMEXDaemons: the kubelet plugins run IMEX daemons; report them on
 	// the gangs (gang.Options.IMEXDaemons).
 	IMEXDaemons bool
@@ -79,6 +82,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UnschedulableGrace, "unschedulable-grace", time.Minute, "How long a released gang member may stay unschedulable on the node it was placed on (another pod took the room meanwhile), or bound there but not started while a device of its claims is allocated to another claim too, before the gang is evicted and placed again.")
 	o.Addresses.AddFlags(fs)
 	fs.Var(invertedBool{&o.NoReservations}, "gang-reservations", "A gang that must wait for pods to end reserves the nodes that free up first (NoSchedule DeviceTaintRules; backfill pods tolerate them). false: waiting gangs reserve nothing, and small pods may keep taking what frees up. Default true.")
+	fs.BoolVar(&o.NodeLabels, "node-labels", true, "Label each GPU node with the NVLink domain and clique its GPUs publish (gpu.tessera.dev/nvlink-domain, gpu.tessera.dev/nvlink-clique), for PodGroup topology constraints, topology spread and affinity; the chart's admission policy lets the controller change no other part of a Node.")
 	fs.BoolVar(&o.IMEXDaemons, "imex-daemons", false, "The kubelet plugins run IMEX daemons for gang domain claims on NVLink domains (their --imex-image is set): report the daemons' readiness on each gang placed in an NVLink domain (condition IMEXReady).")
 	fs.StringVar(&o.DaemonNamespace, "daemon-namespace", component.Env("POD_NAMESPACE", "tessera-system"), "Namespace of the kubelet plugins, where their IMEX daemon pods run (the chart installs both in its release namespace); pods labelled as daemons elsewhere are ignored. Environment: POD_NAMESPACE.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "Run only while holding the leader Lease, so that replicas of the Deployment never place gangs at once.")

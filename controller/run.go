@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-dev/tessera/component"
 	"github.com/tessera-dev/tessera/controller/domains"
 	"github.com/tessera-dev/tessera/controller/gang"
+	"github.com/tessera-dev/tessera/controller/nodelabels"
 	"github.com/tessera-dev/tessera/controller/podgroups"
 	"github.com/tessera-dev/tessera/driver/slices"
 	"github.com/tessera-dev/tessera/metricsserver"
@@ -180,6 +181,11 @@ func runLeading(ctx context.Context, o Options, client kubernetes.Interface, dyn
 	}
 	if _, err := domains.Start(ctx, client, factory, domains.Options{Driver: slices.DriverName, TopologyKey: o.TopologyKey, Channels: o.Channels, Owner: owner}); err != nil {
 		return err
+	}
+	if o.NodeLabels {
+		if err := nodelabels.Start(ctx, client, factory, nodelabels.Options{Driver: slices.DriverName}); err != nil {
+			return err
+		}
 	}
 	gc, err := gang.New(ctx, client, dyn, factory, dynFactory, gang.Options{
 		Driver: slices.DriverName, Resync: resync, Metrics: metrics, Interrupt: o.Interrupt,

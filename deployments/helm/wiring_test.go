@@ -46,7 +46,7 @@ func TestNodeLockMatchesThePluginsServiceAccount(t *testing.T) {
 			if d.Name == "tessera-controller" {
 				checkAccountBound(t, c.Name, r, d.Namespace, d.Spec.Template.Spec.ServiceAccountName, "tessera-controller", "tessera-controller-leader")
 				user := serviceAccountUser(d.Namespace, d.Spec.Template.Spec.ServiceAccountName)
-				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices", "tessera-controller-reservations", "tessera-gang-annotations"} {
+				for _, p := range []string{"tessera-controller-pods", "tessera-controller-claims", "tessera-controller-slices", "tessera-controller-reservations", "tessera-controller-nodes", "tessera-gang-annotations"} {
 					want[p] = user
 				}
 				// Everyone, the controller included: no claim

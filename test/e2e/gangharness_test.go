@@ -103,6 +103,7 @@ func startControllerWith(t testing.TB, kubeconfig string, edit func(*controller.
 		LeaderElect: true, LeaseNamespace: rbac.Namespace, LeaseName: "tessera-controller",
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
 		UnschedulableGrace: unschedulableGrace,
+		NodeLabels:         true, // on by default, as the flag is
 	}
 	edit(&o)
 	// A free port for /metrics, as the chart gives it one.

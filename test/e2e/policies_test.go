@@ -17,6 +17,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +28,7 @@ import (
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 	"github.com/tessera-dev/tessera/controller/gang"
+	"github.com/tessera-dev/tessera/controller/nodelabels"
 	"github.com/tessera-dev/tessera/deployments/helm"
 	"github.com/tessera-dev/tessera/deployments/rbac"
 	"github.com/tessera-dev/tessera/driver/daemonpod"
@@ -493,6 +495,30 @@ func checkControllerLock(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 		t.Errorf("%s: the controller cannot reserve a node pool as controller/gang does: %v", combo, err)
 	} else if err := rules.Delete(ctx, r.Name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("%s: the controller cannot delete its reservation's rule: %v", combo, err)
+	}
+
+	// Nodes: their NVLink labels (controller/nodelabels), nothing else.
+	node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "policy-node-" + combo, Labels: map[string]string{"team": "ml"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = admin.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}) }()
+	patchNode := func(patch string) error {
+		_, err := ctl.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+	err = refusedOnceLoaded(ctx, func(int) error { return patchNode(`{"metadata":{"labels":{"team":"ops"}}}`) }, func(int) {
+		_ = patchNode(`{"metadata":{"labels":{"team":"ml"}}}`) // as the admin had it; refused once loaded
+	})
+	if !expectRefusal(t, combo+": the controller changes another label of a node", err, "may only set and remove a Node's labels") {
+		return
+	}
+	expectRefusal(t, combo+": the controller taints a node", patchNode(`{"spec":{"taints":[{"key":"x","effect":"NoSchedule"}]}}`), "may only set and remove a Node's labels")
+	expectRefusal(t, combo+": the controller annotates a node", patchNode(`{"metadata":{"annotations":{"x":"y"}}}`), "may only set and remove a Node's labels")
+	if err := patchNode(`{"metadata":{"labels":{"` + nodelabels.LabelClique + `":"dom.1","` + nodelabels.LabelDomain + `":"dom"}}}`); err != nil {
+		t.Errorf("%s: the controller cannot label a node with its NVLink clique as controller/nodelabels does: %v", combo, err)
+	} else if err := patchNode(`{"metadata":{"labels":{"` + nodelabels.LabelClique + `":null,"` + nodelabels.LabelDomain + `":null}}}`); err != nil {
+		t.Errorf("%s: the controller cannot remove a node's NVLink labels: %v", combo, err)
 	}
 
 	// Claims.
