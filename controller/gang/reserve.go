@@ -137,9 +137,9 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since t
 		}
 		// A pod ends when it declares; a backfill pod that declares
 		// nothing (or overran), or that came onto the reserved devices
-		// (started since the reservation), is gone at the start: it is
+		// since the reservation (arrivedAt), is gone at the start: it is
 		// evicted then.
-		if evictable && startOf(p).After(since) {
+		if evictable && pr.arrivedAt(p).After(since) {
 			always = append(always, unit{pods: []*v1.Pod{p}})
 		} else if end, ok := expectedEnd(p, now); ok && now.Before(end.Add(overrunGrace)) {
 			ends = append(ends, timed{p, end})

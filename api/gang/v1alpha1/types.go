@@ -346,7 +346,8 @@ type Reservation struct {
 	// Priority is the gang's priority.
 	Priority int32 `json:"priority"`
 	// Since is when the gang first reserved this domain: backfill pods
-	// that started after it came onto reserved devices and are evicted at
+	// whose claims were allocated (or, without an allocation time, that
+	// were bound) after it came onto reserved devices and are evicted at
 	// the start whatever end they declare.
 	Since metav1.Time `json:"since"`
 	// Start is when the pods it waits for are expected to have ended;
