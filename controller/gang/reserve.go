@@ -287,19 +287,9 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		}
 	}
 	sort.Strings(unsure)
-	var evicted []string
+	var evicted, kept []string
 	if stopping && len(unsure) == 0 {
-		for _, p := range best.backfill {
-			if !slices.Contains(best.nodes, p.Spec.NodeName) {
-				continue
-			}
-			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s starts at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
-			if err := evict(ctx, r.client, p); err != nil {
-				logger.Error(err, "Could not evict a backfill pod at its reservation's start", "pod", klog.KObj(p))
-				continue
-			}
-			evicted = append(evicted, p.Namespace+"/"+p.Name)
-		}
+		evicted, kept = r.evictBackfill(ctx, g, best)
 	}
 	var waitingFor []string
 	for _, p := range best.waitingFor {
@@ -322,6 +312,9 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
 	}
+	if len(kept) > 0 {
+		msg += fmt.Sprintf("; the eviction of %d backfill pods was refused (a PodDisruptionBudget) or failed, so they keep their devices and are tried again: %s", len(kept), strings.Join(capped(kept), ", "))
+	}
 	if len(yielded) > 0 {
 		var left []string
 		for _, n := range slices.Sorted(maps.Keys(yielded)) {
@@ -343,6 +336,41 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		return true, d, nil
 	}
 	return true, 5 * time.Second, nil
+}
+
+// evictBackfill evicts the backfill pods on the reservation's nodes, at
+// its start. A pod whose eviction the API server refuses (429: a
+// PodDisruptionBudget allows no disruption now) or that fails otherwise
+// keeps its devices: it joins the pods the reservation waits for (and is
+// listed in status.reservation.waitingFor), a warning event on it says so,
+// and the next look, seconds later since the start has come, tries again.
+// It returns the pods evicted and the pods kept ("<namespace>/<name>").
+func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *reservation) (evicted, kept []string) {
+	logger := klog.FromContext(ctx)
+	for _, p := range best.backfill {
+		if !slices.Contains(best.nodes, p.Spec.NodeName) {
+			continue
+		}
+		err := evict(ctx, r.client, p)
+		if err == nil {
+			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s starts at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
+			r.metrics.backfillEviction("evicted")
+			evicted = append(evicted, p.Namespace+"/"+p.Name)
+			continue
+		}
+		result := "failed"
+		if apierrors.IsTooManyRequests(err) {
+			result = "refused"
+		}
+		logger.Info("A backfill pod's eviction at its reservation's start was not done; it keeps its devices and is tried again", "pod", klog.KObj(p), "result", result, "err", err)
+		r.recorder.Eventf(p, v1.EventTypeWarning, gangv1.ReasonBackfillEvictionRefused, "eviction %s: the reservation of gang %s/%s on %s starts at %s and waits for this pod, trying again: %v", result, g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339), err)
+		r.metrics.backfillEviction(result)
+		kept = append(kept, p.Namespace+"/"+p.Name)
+		if !slices.Contains(best.waitingFor, p) {
+			best.waitingFor = append(best.waitingFor, p)
+		}
+	}
+	return evicted, kept
 }
 
 // capped lists at most five names, and how many more there are.

@@ -450,6 +450,11 @@ const (
 	// ReasonBackfillEvicted is the event on each backfill pod evicted when
 	// a reservation starts.
 	ReasonBackfillEvicted = "BackfillEvicted"
+	// ReasonBackfillEvictionRefused is the warning event on a backfill pod
+	// whose eviction at a reservation's start was refused (a
+	// PodDisruptionBudget) or failed: it keeps its devices, the
+	// reservation waits for it and tries again.
+	ReasonBackfillEvictionRefused = "BackfillEvictionRefused"
 	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
 	// not be met (the Placed condition's message says where).
 	ReasonPolicyNotMet = "PlacementPolicyNotMet"
