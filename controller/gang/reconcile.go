@@ -304,9 +304,11 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	}
 	// A reservation is handed to the members (kept until the scheduler
 	// has allocated them, if they tolerate it), or its rules go before
-	// the members reach the scheduler.
+	// the members reach the scheduler: released members must not meet
+	// their own reservation's taint. Committed: the next look hands it
+	// over, then releases them (committed).
 	if _, err := r.handOff(ctx, g, p.members, st); err != nil {
-		logger.Error(err, "Could not hand the reservation of a placed gang over; the next look does")
+		return result{requeueAfter: time.Second}, fmt.Errorf("placed gang %s/%s, not released yet: %w", g.Namespace, g.Name, err)
 	}
 	// Reservations that do not hold against this gang leave the pools its
 	// members go to before the scheduler sees them.
@@ -462,6 +464,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		priority, _ := gangPriority(v)
 		if err := r.yieldToGang(ctx, g, priority, waiting, func(nodes []string) (map[string]string, error) { return r.nodePools(ctx, nodes) }); err != nil {
 			return true, result{requeueAfter: time.Second}, err
+		}
+		// The gang's own reservation is handed over (or its rules go)
+		// before a gated member is released, as at the placement: a
+		// crash, or a failed hand-off, may have left it in place.
+		if len(gated) > 0 {
+			if _, err := r.handOff(ctx, g, in, st); err != nil {
+				return true, result{requeueAfter: time.Second}, err
+			}
 		}
 		err := parallel(len(gated), func(i int) error {
 			return release(ctx, r.client, gated[i], nodeOf(gated[i], v), id)
