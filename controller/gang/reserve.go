@@ -246,14 +246,19 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	// before it: nodes where a released member of a placement waits for
 	// the scheduler to allocate its claims (a rule now would refuse it),
 	// and nodes a pending pod of higher priority fits on only with the
-	// reservation gone, are left untainted (and their backfill alone).
+	// reservation gone (and on no node a reservation does not hold), are
+	// left untainted (and their backfill alone).
 	yielded := map[string][]string{}
 	for _, pn := range v.pins {
 		if slices.Contains(best.nodes, pn.node) {
 			yielded[pn.node] = append(yielded[pn.node], "the released member "+pn.pod.Namespace+"/"+pn.pod.Name)
 		}
 	}
-	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }))
+	held, err := r.heldNodes(snap, best.nodes)
+	if err != nil {
+		return false, 0, err
+	}
+	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held)
 	if err != nil {
 		return false, 0, err
 	}

@@ -3,12 +3,15 @@ package gang
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
@@ -47,10 +50,15 @@ const maxYieldPods = 16
 // node selector, affinity and taints, the node's room, and its claims with
 // the scheduler's allocator over snap (where the controller's live
 // reservations are not applied, other rules are), each pod's devices taken
-// before the next is fitted. It returns node -> the pods given it. Pods
-// that the scheduler could not place because of this reservation get its
-// devices; a reservation holds nothing against them (reservationHolds).
-func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string) (map[string][]string, error) {
+// before the next is fitted. It returns node -> the pods given it. Only a
+// pod the reservation keeps out is given a node: one that fits on a node
+// no reservation holds (held: this reservation's nodes and those of every
+// live reservation's rules) is unschedulable for another reason (a
+// condition not yet updated, or what the controller does not model: host
+// ports, volumes, inter-pod affinity), and a node left to it would only
+// let other pods take the reserved devices. A reservation holds nothing
+// against the pods it does keep out (reservationHolds).
+func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool) (map[string][]string, error) {
 	var want []*v1.Pod
 	for _, p := range pods {
 		if p.Spec.NodeName == "" && !finished(p) && len(p.Spec.SchedulingGates) == 0 && podPriority(p) > priority && unschedulable(p) && len(p.Spec.ResourceClaims) > 0 {
@@ -79,6 +87,8 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 	}
 	cluster := snap.Cluster(nil, nil)
 	room := newCapacity(nodes, pods)
+	free := freeNodes(snap, r.driver, nodes, held)
+	logger := klog.FromContext(ctx)
 	out := map[string][]string{}
 	for _, p := range want {
 		claims, ok := unallocatedClaims(p, byName)
@@ -86,25 +96,104 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 			continue
 		}
 		req := requests(p)
-		for _, name := range on {
-			n := nodes[name]
-			if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
-				continue
-			}
-			res, err := cluster.AllocateOnNode(ctx, n, claims...)
+		name, res, err := fitOn(ctx, cluster, nodes, room, p, claims, req, on)
+		if err != nil || res == nil {
 			if err != nil {
-				return nil, fmt.Errorf("fit pending pod %s/%s of priority %d on reserved node %s: %w", p.Namespace, p.Name, podPriority(p), name, err)
+				return nil, fmt.Errorf("fit pending pod %s/%s of priority %d on the reserved nodes: %w", p.Namespace, p.Name, podPriority(p), err)
 			}
-			if res == nil {
-				continue
-			}
-			cluster.Commit(res...)
-			room.take(name, req)
-			out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
-			break
+			continue
 		}
+		other, _, err := fitOn(ctx, cluster, nodes, room, p, claims, req, free)
+		if err != nil {
+			return nil, fmt.Errorf("fit pending pod %s/%s of priority %d where no reservation holds: %w", p.Namespace, p.Name, podPriority(p), err)
+		}
+		if other != "" {
+			logger.V(2).Info("A pending pod of higher priority fits where no reservation holds: the reservation does not keep it out, and leaves it no node", "pod", klog.KObj(p), "fitsOn", other)
+			continue
+		}
+		cluster.Commit(res...)
+		room.take(name, req)
+		out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
 	}
 	return out, nil
+}
+
+// fitOn finds the first of names where pod p fits (fitted as yieldToPods
+// says) and its claims' allocations there, not committed; "" and nil when
+// it fits on none.
+func fitOn(ctx context.Context, cluster *simulate.Cluster, nodes map[string]*v1.Node, room capacity, p *v1.Pod, claims []*resourceapi.ResourceClaim, req v1.ResourceList, names []string) (string, []resourceapi.AllocationResult, error) {
+	for _, name := range names {
+		n := nodes[name]
+		if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
+			continue
+		}
+		res, err := cluster.AllocateOnNode(ctx, n, claims...)
+		if err != nil {
+			return "", nil, fmt.Errorf("node %s: %w", name, err)
+		}
+		if res != nil {
+			return name, res, nil
+		}
+	}
+	return "", nil, nil
+}
+
+// freeNodes are the nodes with devices of driver (their own slices in
+// snap) that no reservation holds (held) and that take new pods (not
+// cordoned, not being deleted), by name.
+func freeNodes(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, held map[string]bool) []string {
+	set := map[string]bool{}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver != driver || s.Spec.NodeName == nil {
+			continue
+		}
+		name := *s.Spec.NodeName
+		if n := nodes[name]; n != nil && !held[name] && !n.Spec.Unschedulable && n.DeletionTimestamp == nil {
+			set[name] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// heldNodes are the nodes reservations keep new pods off: own (the nodes
+// of the reservation being made) and those of the pools of every rule
+// placement models as a live gang's reservation (modelledRule).
+func (r *reconciler) heldNodes(snap *simulate.Snapshot, own []string) (map[string]bool, error) {
+	held := map[string]bool{}
+	for _, n := range own {
+		held[n] = true
+	}
+	if r.taintRules == nil {
+		return held, nil
+	}
+	rules, err := r.taintRules.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list the reservation rules: %w", err)
+	}
+	// modelledRule, with the gangs listed once.
+	var reserving map[string]bool
+	if r.allGangs != nil {
+		reserving = map[string]bool{}
+		for _, g := range r.allGangs() {
+			if g.Status.Reservation != nil {
+				reserving[string(g.UID)] = true
+			}
+		}
+	}
+	pools := map[string]bool{}
+	for _, rule := range rules {
+		sel := rule.Spec.DeviceSelector
+		if sel == nil || sel.Pool == nil || !reservationRule(rule) || (reserving != nil && !reserving[rule.Labels[gangv1.LabelReservation]]) {
+			continue
+		}
+		pools[*sel.Pool] = true
+	}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver == r.driver && s.Spec.NodeName != nil && pools[s.Spec.Pool.Name] {
+			held[*s.Spec.NodeName] = true
+		}
+	}
+	return held, nil
 }
 
 // unschedulable says whether the scheduler tried the pod and could not
