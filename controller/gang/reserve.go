@@ -258,7 +258,8 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if err != nil {
 		return false, 0, err
 	}
-	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held)
+	book := newYieldBook(old, now)
+	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held, book.grant)
 	if err != nil {
 		return false, 0, err
 	}
@@ -327,6 +328,9 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		}
 		msg += "; " + strings.Join(left, "; ")
 	}
+	if len(book.refused) > 0 {
+		msg += fmt.Sprintf("; left no node to %s", strings.Join(capped(book.refused), ", "))
+	}
 	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
 		logger.Info("Gang reserved the nodes expected to free up first", "domain", best.domain, "nodes", best.nodes, "start", start, "waitingFor", len(waitingFor))
@@ -334,13 +338,17 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(waitingFor) > reservationWaitCap {
 		waitingFor = waitingFor[:reservationWaitCap]
 	}
-	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
+	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor, Yields: book.records}
 	waiting(st, g.Generation, gangv1.ReasonReserved, msg)
 	r.metrics.attempt("reserved")
+	after := 5 * time.Second
 	if d := best.start.Add(-lead).Sub(now); d > 0 {
-		return true, d, nil
+		after = d
 	}
-	return true, 5 * time.Second, nil
+	if d := book.recheck(); d > 0 && d < after {
+		after = d
+	}
+	return true, after, nil
 }
 
 // evictBackfill evicts the backfill pods on the reservation's nodes, at

@@ -207,7 +207,7 @@ func TestAnUnschedulablePodOfHigherPriorityQueuesTheReservationsBelowIt(t *testi
 	c := &Controller{
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:   map[string]gangv1.Members{},
-		reserving: map[string]int32{},
+		reserving: map[string]reserving{},
 	}
 	defer c.queue.ShutDown()
 	for _, g := range []struct {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -33,9 +34,12 @@ import (
 //     the scheduler has allocated them (yieldToGang); the reserving gang
 //     taints no node where a released member waits (reserve, v.pins);
 //   - a pod of higher priority that the scheduler could not place and that
-//     fits on a reserved node with the reservation gone is given that node:
-//     the reservation leaves it untainted (yieldToPods) until the pod is
-//     placed; the reservation is then recomputed around it.
+//     fits on a reserved node with the reservation gone, and on no node a
+//     reservation does not hold, is given that node: the reservation
+//     leaves it untainted (yieldToPods) until the pod is placed, for at
+//     most yieldGrace, and to at most MaxReservationYields pods in all
+//     (yieldBook); the pod's change queues the gang (Controller.podChanged),
+//     and the reservation is recomputed around what the pod took.
 //
 // Nothing here allocates: deleting a rule only lets the scheduler's own
 // allocator, with its own record of allocated devices, see more devices.
@@ -43,6 +47,79 @@ import (
 // maxYieldPods bounds the pending pods one look fits onto a reservation's
 // nodes.
 const maxYieldPods = 16
+
+// yieldGrace is how long a node stays left to a pending pod that the
+// scheduler has not placed: it retries the pod as soon as the rule goes
+// (its ResourceSlice tracker reports the change), so a pod still not
+// placed a minute later is kept out by something else, and the node is
+// reserved again.
+const yieldGrace = time.Minute
+
+// yieldBook is a reservation's record of the pods it left nodes to
+// (status.reservation.yields), carried from look to look while the
+// reservation lasts. The bound on yields: each pod is given a node once,
+// for at most yieldGrace while it is not placed, and at most
+// MaxReservationYields pods are given one over the reservation's life; the
+// next pods of higher priority wait for the gang, as pods of its priority
+// do. Without it, a stream of such pods (or one that never schedules)
+// would keep the gang's nodes from it for ever.
+type yieldBook struct {
+	now     time.Time
+	records []gangv1.ReservationYield
+	// granted are the yields given on this look.
+	granted []gangv1.ReservationYield
+	// refused name the pods that fit and were given nothing, and why.
+	refused []string
+}
+
+// newYieldBook carries the yields of the reservation old (nil: none yet).
+func newYieldBook(old *gangv1.Reservation, now time.Time) *yieldBook {
+	b := &yieldBook{now: now}
+	if old != nil {
+		b.records = slices.Clone(old.Yields)
+	}
+	return b
+}
+
+// grant says whether pod p, which the reservation keeps out and which fits
+// on node with it gone, is given the node on this look, and records a new
+// yield.
+func (b *yieldBook) grant(p *v1.Pod, node string) bool {
+	key := p.Namespace + "/" + p.Name
+	for _, y := range b.records {
+		if y.Pod != key {
+			continue
+		}
+		if b.now.Before(y.At.Add(yieldGrace)) {
+			b.granted = append(b.granted, y)
+			return true
+		}
+		b.refused = append(b.refused, fmt.Sprintf("%s (not placed within %s of its yield)", key, yieldGrace))
+		return false
+	}
+	if len(b.records) >= gangv1.MaxReservationYields {
+		b.refused = append(b.refused, fmt.Sprintf("%s (the reservation has left nodes to %d pods, its most)", key, len(b.records)))
+		return false
+	}
+	y := gangv1.ReservationYield{Pod: key, Node: node, At: metav1.NewTime(b.now.Truncate(time.Second))}
+	b.records = append(b.records, y)
+	b.granted = append(b.granted, y)
+	return true
+}
+
+// recheck is when the earliest yield given on this look runs out (0 when
+// none was given): the reservation looks again then, to reserve the node
+// again if its pod was not placed.
+func (b *yieldBook) recheck() time.Duration {
+	var d time.Duration
+	for _, y := range b.granted {
+		left := max(y.At.Add(yieldGrace).Sub(b.now), time.Second)
+		if d == 0 || left < d {
+			d = left
+		}
+	}
+	return d
+}
 
 // yieldToPods finds, for the pending pods of higher priority than a
 // reservation (priority) that the scheduler could not place, a node of the
@@ -57,8 +134,9 @@ const maxYieldPods = 16
 // condition not yet updated, or what the controller does not model: host
 // ports, volumes, inter-pod affinity), and a node left to it would only
 // let other pods take the reserved devices. A reservation holds nothing
-// against the pods it does keep out (reservationHolds).
-func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool) (map[string][]string, error) {
+// against the pods it does keep out (reservationHolds), within the bound
+// grant keeps (yieldBook).
+func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
 	for _, p := range pods {
 		if p.Spec.NodeName == "" && !finished(p) && len(p.Spec.SchedulingGates) == 0 && podPriority(p) > priority && unschedulable(p) && len(p.Spec.ResourceClaims) > 0 {
@@ -109,6 +187,9 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 		}
 		if other != "" {
 			logger.V(2).Info("A pending pod of higher priority fits where no reservation holds: the reservation does not keep it out, and leaves it no node", "pod", klog.KObj(p), "fitsOn", other)
+			continue
+		}
+		if !grant(p, name) {
 			continue
 		}
 		cluster.Commit(res...)

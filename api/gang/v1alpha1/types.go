@@ -358,7 +358,31 @@ type Reservation struct {
 	// WaitingFor are the pods expected to end by Start (namespace/name); at
 	// most MaxPreemptionVictims are listed.
 	WaitingFor []string `json:"waitingFor,omitempty"`
+	// Yields are the pending pods of higher priority the reservation has
+	// left a node to, the first given first: at most
+	// MaxReservationYields over the reservation's life (the next ones
+	// wait for the gang's placement, as pods of its own priority do), each
+	// for at most a minute while its pod is not placed.
+	Yields []ReservationYield `json:"yields,omitempty"`
 }
+
+// ReservationYield is a node a reservation left to a pending pod of higher
+// priority.
+type ReservationYield struct {
+	// Pod is the pod (namespace/name).
+	Pod string `json:"pod"`
+	// Node is the node first left to it.
+	Node string `json:"node"`
+	// At is when the node was first left to it.
+	At metav1.Time `json:"at"`
+}
+
+// MaxReservationYields bounds the pods one reservation leaves nodes to.
+// Each may push the gang's start back by its runtime (or, declaring none,
+// move the reservation elsewhere): four let the odd urgent pod through and
+// bound what a stream of pods of higher priority costs the gang to four
+// such runtimes, where without a bound it could wait for ever.
+const MaxReservationYields = 4
 
 // Reservation keys.
 const (
