@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,6 +71,11 @@ type reconciler struct {
 	noReservations bool
 	// budgets lists PodDisruptionBudgets (the informer's cache).
 	budgets policylisters.PodDisruptionBudgetLister
+	// maxAllocatorCalls caps the allocator calls of one look (0:
+	// maxAllocatorCallsPerLook); allocatorCalls is what the last look
+	// made (one look runs at a time).
+	maxAllocatorCalls int
+	allocatorCalls    int
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -85,6 +91,11 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "gang", klog.KObj(g))
 	ctx = klog.NewContext(ctx, logger)
+	ctx, calls := withAllocatorBudget(ctx, cmp.Or(r.maxAllocatorCalls, maxAllocatorCallsPerLook))
+	defer func() {
+		r.allocatorCalls = calls.calls()
+		logger.V(4).Info("Look done", "allocatorCalls", r.allocatorCalls)
+	}()
 	members, verr := gangv1.Validate(g)
 	pods, err := r.pods.Pods(ns).List(labels.Everything())
 	if err != nil {

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"maps"
@@ -223,6 +224,11 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			since = old.Since.Time
 		}
 		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID, tainted, placements)
+		if errors.Is(err, errAllocatorCalls) && best != nil {
+			// The earliest start among the domains tried stands.
+			klog.FromContext(ctx).Info("Stopped comparing domains for the reservation at the look's cap of allocator calls", "domain", best.domain, "next", c.pool)
+			break
+		}
 		if err != nil {
 			return false, 0, err
 		}

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -135,7 +136,9 @@ func (b *yieldBook) recheck() time.Duration {
 // ports, volumes, inter-pod affinity), and a node left to it would only
 // let other pods take the reserved devices. A reservation holds nothing
 // against the pods it does keep out (reservationHolds), within the bound
-// grant keeps (yieldBook).
+// grant keeps (yieldBook). Past the look's cap of allocator calls
+// (maxAllocatorCallsPerLook) it stops, and the pods given a node so far
+// keep it.
 func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
 	for _, p := range pods {
@@ -174,22 +177,17 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 			continue
 		}
 		req := requests(p)
-		name, res, err := fitOn(ctx, cluster, nodes, room, p, claims, req, on)
-		if err != nil || res == nil {
-			if err != nil {
-				return nil, fmt.Errorf("fit pending pod %s/%s of priority %d on the reserved nodes: %w", p.Namespace, p.Name, podPriority(p), err)
-			}
-			continue
+		name, res, err := fitKeptOut(ctx, cluster, nodes, room, p, claims, req, on, free)
+		if errors.Is(err, errAllocatorCalls) {
+			// The pods given nodes so far keep them; the rest, not
+			// proven kept out, wait for a look with calls to spare.
+			logger.Info("Stopped fitting pending pods of higher priority onto the reservation's nodes at the look's cap of allocator calls", "fitted", len(out), "pod", klog.KObj(p))
+			return out, nil
 		}
-		other, _, err := fitOn(ctx, cluster, nodes, room, p, claims, req, free)
 		if err != nil {
-			return nil, fmt.Errorf("fit pending pod %s/%s of priority %d where no reservation holds: %w", p.Namespace, p.Name, podPriority(p), err)
+			return nil, fmt.Errorf("fit pending pod %s/%s of priority %d: %w", p.Namespace, p.Name, podPriority(p), err)
 		}
-		if other != "" {
-			logger.V(2).Info("A pending pod of higher priority fits where no reservation holds: the reservation does not keep it out, and leaves it no node", "pod", klog.KObj(p), "fitsOn", other)
-			continue
-		}
-		if !grant(p, name) {
+		if res == nil || !grant(p, name) {
 			continue
 		}
 		cluster.Commit(res...)
@@ -197,6 +195,27 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 		out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
 	}
 	return out, nil
+}
+
+// fitKeptOut finds the first reserved node (of on) where pod p fits with
+// the reservation gone and its claims' allocations there, not committed;
+// "" and nil when it fits on none, or when it fits on a node no
+// reservation holds (free) as well: the reservation is not what keeps it
+// out.
+func fitKeptOut(ctx context.Context, cluster *simulate.Cluster, nodes map[string]*v1.Node, room capacity, p *v1.Pod, claims []*resourceapi.ResourceClaim, req v1.ResourceList, on, free []string) (string, []resourceapi.AllocationResult, error) {
+	name, res, err := fitOn(ctx, cluster, nodes, room, p, claims, req, on)
+	if err != nil || res == nil {
+		return "", nil, err
+	}
+	other, _, err := fitOn(ctx, cluster, nodes, room, p, claims, req, free)
+	if err != nil {
+		return "", nil, err
+	}
+	if other != "" {
+		klog.FromContext(ctx).V(2).Info("A pending pod of higher priority fits where no reservation holds: the reservation does not keep it out, and leaves it no node", "pod", klog.KObj(p), "fitsOn", other)
+		return "", nil, nil
+	}
+	return name, res, nil
 }
 
 // fitOn finds the first of names where pod p fits (fitted as yieldToPods
@@ -208,7 +227,7 @@ func fitOn(ctx context.Context, cluster *simulate.Cluster, nodes map[string]*v1.
 		if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
 			continue
 		}
-		res, err := cluster.AllocateOnNode(ctx, n, claims...)
+		res, err := allocate(ctx, cluster, n, claims...)
 		if err != nil {
 			return "", nil, fmt.Errorf("node %s: %w", name, err)
 		}
