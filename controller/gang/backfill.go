@@ -54,8 +54,36 @@ func expectedEnd(p *v1.Pod, now time.Time) (time.Time, bool) {
 // whose expected runtime was a lie stops holding a reservation after this.
 const overrunGrace = time.Minute
 
-// startOf is when the pod started (or was created, before it started).
-func startOf(p *v1.Pod) time.Time {
+// arrivedAt is when the pod came onto the devices it holds: when its claims
+// were allocated (the latest allocationTimestamp of its claims of the
+// driver, where the scheduler records one for each), else when it was
+// bound (its PodScheduled condition's last transition to True), else when
+// it started, else when it was created. A reservation's taint keeps the
+// allocator from devices, so the moment that decides whether a pod came
+// under it is its allocation: a pod bound before the rule whose kubelet
+// reported its start only after it ran there before the reservation, and a
+// pod created before the rule but scheduled after it came under it.
+func (pr *preemptor) arrivedAt(p *v1.Pod) time.Time {
+	var allocated time.Time
+	claims := pr.podClaims[p.UID]
+	for _, c := range claims {
+		at := c.Status.Allocation.AllocationTimestamp
+		if at == nil || at.IsZero() {
+			allocated = time.Time{}
+			break
+		}
+		if at.After(allocated) {
+			allocated = at.Time
+		}
+	}
+	if len(claims) > 0 && !allocated.IsZero() {
+		return allocated
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionTrue && !c.LastTransitionTime.IsZero() {
+			return c.LastTransitionTime.Time
+		}
+	}
 	if p.Status.StartTime != nil {
 		return p.Status.StartTime.Time
 	}
@@ -93,13 +121,13 @@ func (pr *preemptor) backfill(p *v1.Pod, gang types.UID) bool {
 	return false
 }
 
-// cameUnder says whether the pod came onto its node after the gang's rule
-// there (tainted, and not before since) with claims that tolerate the
-// reservation's taint, under either key, in any way the scheduler accepts
-// (a toleration of every taint included), and is no member of a placed
-// gang (placements): it can have got there only by tolerating the
-// reservation. Pods that ran there before keep their devices, whatever
-// they tolerate.
+// cameUnder says whether the pod came onto its node (arrivedAt) after the
+// gang's rule there (tainted, and not before since) with claims that
+// tolerate the reservation's taint, under either key, in any way the
+// scheduler accepts (a toleration of every taint included), and is no
+// member of a placed gang (placements): it can have got there only by
+// tolerating the reservation. Pods that ran there before keep their
+// devices, whatever they tolerate.
 func (pr *preemptor) cameUnder(p *v1.Pod, gang types.UID, since time.Time, tainted map[string]time.Time, placements map[string]bool) bool {
 	from, ok := tainted[p.Spec.NodeName]
 	if !ok {
@@ -108,7 +136,7 @@ func (pr *preemptor) cameUnder(p *v1.Pod, gang types.UID, since time.Time, taint
 	if from.Before(since) {
 		from = since
 	}
-	if !startOf(p).After(from) || placements[p.Namespace+"/"+p.Annotations[gangv1.AnnotationPlacement]] {
+	if !pr.arrivedAt(p).After(from) || placements[p.Namespace+"/"+p.Annotations[gangv1.AnnotationPlacement]] {
 		return false
 	}
 	taints := []resourceapi.DeviceTaint{

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -80,10 +81,10 @@ type Controller struct {
 
 	mu      sync.Mutex
 	members map[string]gangv1.Members // gang key -> how it picks its pods
-	// reserving: gang key -> the priority of its reservation, for the
-	// pending pods of higher priority that may be given its nodes
-	// (yieldToPods).
-	reserving map[string]int32
+	// reserving: gang key -> its reservation, for the pending pods of
+	// higher priority that may be given its nodes (yieldToPods), and the
+	// pods given one, whose changes it is recomputed around.
+	reserving map[string]reserving
 	stopped   chan error
 }
 
@@ -124,7 +125,7 @@ func New(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface
 		gangInf:   gangs.Informer(),
 		broadcast: broadcast,
 		members:   map[string]gangv1.Members{},
-		reserving: map[string]int32{},
+		reserving: map[string]reserving{},
 		stopped:   make(chan error, 1),
 	}
 	c.r.allGangs = c.cachedGangs
@@ -272,7 +273,7 @@ func (c *Controller) gangChanged(obj any) {
 			c.members[key] = m
 		}
 		if res := g.Status.Reservation; res != nil && g.DeletionTimestamp == nil {
-			c.reserving[key] = res.Priority
+			c.reserving[key] = reservingOf(res)
 		} else {
 			delete(c.reserving, key)
 		}
@@ -327,14 +328,32 @@ func (c *Controller) podChanged(obj any) {
 		}
 	}
 	// A pod the scheduler could not place may be given the nodes of a
-	// reservation of lower priority.
-	if p.Spec.NodeName == "" && unschedulable(p) {
-		for key, priority := range c.reserving {
-			if podPriority(p) > priority {
-				c.queue.Add(key)
-			}
+	// reservation of lower priority; a reservation that gave a pod a node
+	// is recomputed when the pod changes (placed: around the devices it
+	// took; gone: the node is reserved again).
+	key := p.Namespace + "/" + p.Name
+	for gang, res := range c.reserving {
+		if slices.Contains(res.yields, key) || (p.Spec.NodeName == "" && unschedulable(p) && podPriority(p) > res.priority) {
+			c.queue.Add(gang)
 		}
 	}
+}
+
+// reserving is what the controller keeps of a gang's reservation between
+// looks.
+type reserving struct {
+	priority int32
+	// yields are the pods it left nodes to ("<namespace>/<name>").
+	yields []string
+}
+
+// reservingOf keeps what podChanged needs of a reservation.
+func reservingOf(res *gangv1.Reservation) reserving {
+	out := reserving{priority: res.Priority}
+	for _, y := range res.Yields {
+		out.yields = append(out.yields, y.Pod)
+	}
+	return out
 }
 
 // claimChanged enqueues the claim's gang, and every gang when devices were

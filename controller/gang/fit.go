@@ -250,7 +250,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, sub *simulate.Sna
 	}
 	p := &plan{pool: cand.pool}
 	if v.domainClaim != nil {
-		res, err := cluster.AllocateOnNode(ctx, usable[0], domain.Tolerating(v.domainClaim))
+		res, err := allocate(ctx, cluster, usable[0], domain.Tolerating(v.domainClaim))
 		if err != nil {
 			return nil, vd, fmt.Errorf("domain %s: allocate domain claim %s/%s: %w", cand.pool, v.domainClaim.Namespace, v.domainClaim.Name, err)
 		}
@@ -293,7 +293,7 @@ func fitDomain(ctx context.Context, cluster *simulate.Cluster, sub *simulate.Sna
 				}
 				continue
 			}
-			res, err := cluster.AllocateOnNode(ctx, n, m.claims...)
+			res, err := allocate(ctx, cluster, n, m.claims...)
 			if err != nil {
 				return nil, vd, fmt.Errorf("domain %s: member %s on node %s: %w", cand.pool, m.ref(), n.Name, err)
 			}

@@ -16,6 +16,7 @@ import (
 // state (read from the leader's informer at each scrape).
 type Metrics struct {
 	attempts *prometheus.CounterVec
+	backfill *prometheus.CounterVec
 	duration prometheus.Histogram
 	states   *stateCollector
 }
@@ -27,6 +28,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "tessera_gang_placement_attempts_total",
 			Help: "Gang placement attempts by result: placed, nofit (no domain fits the whole gang), stale (a device of the plan was taken after the fit check; found before writing), rolledback (a write failed or a device was taken meanwhile).",
 		}, []string{"result"}),
+		backfill: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_gang_backfill_evictions_total",
+			Help: "Evictions of backfill pods at a reservation's start by result: evicted, refused (a PodDisruptionBudget allowed no disruption), failed (any other error). A pod refused or failed keeps its devices; the reservation waits for it and tries again.",
+		}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tessera_gang_placement_duration_seconds",
 			Help:    "Time from a placement's fit search to every member released, for placed gangs.",
@@ -36,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Gangs by state (Waiting, Placed, Running, Failed: the most advanced true condition), as the leading controller sees them; absent on standbys.",
 			[]string{"state"}, nil)},
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.duration, m.states} {
+	for _, c := range []prometheus.Collector{m.attempts, m.backfill, m.duration, m.states} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -47,6 +52,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) attempt(result string) {
 	if m != nil {
 		m.attempts.WithLabelValues(result).Inc()
+	}
+}
+
+// backfillEviction counts an eviction of a backfill pod by result.
+func (m *Metrics) backfillEviction(result string) {
+	if m != nil {
+		m.backfill.WithLabelValues(result).Inc()
 	}
 }
 

@@ -119,7 +119,7 @@ func takePins(ctx context.Context, cluster *simulate.Cluster, pins []pin, nodes 
 		if !in[pn.node] || node == nil || len(pn.claims) == 0 {
 			continue
 		}
-		res, err := cluster.AllocateOnNode(ctx, node, pn.claims...)
+		res, err := allocate(ctx, cluster, node, pn.claims...)
 		if err != nil {
 			// Another gang's member is no reason to fail this search:
 			// it takes nothing, as a pin that no longer fits.

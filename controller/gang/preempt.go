@@ -3,6 +3,7 @@ package gang
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -396,7 +397,8 @@ const maxReprieves = 32
 // choose finds the cheapest preemption over cands (smallest domain first
 // among equals), or nil when no domain fits even with every eligible unit
 // gone. A domain that fits once the pods already ending are gone wins with
-// no victims: the gang waits for them.
+// no victims: the gang waits for them. At the look's cap of allocator
+// calls it stops with the cheapest among the domains tried (cut).
 func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int32, budgets []*policyv1.PodDisruptionBudget) (*preemption, error) {
 	var best *preemption
 	var bestCost cost
@@ -404,7 +406,7 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 		eligible, ending := pr.units(cand, priority, budgets)
 		ok, err := pr.fits(ctx, cand, nil)
 		if err != nil {
-			return nil, err
+			return cut(ctx, best, err)
 		}
 		if ok {
 			return &preemption{domain: cand.pool, ending: ending}, nil
@@ -414,7 +416,7 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 		}
 		if ok, err = pr.fits(ctx, cand, eligible); err != nil || !ok {
 			if err != nil {
-				return nil, err
+				return cut(ctx, best, err)
 			}
 			continue
 		}
@@ -425,7 +427,7 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 		for lo < hi {
 			mid := (lo + hi) / 2
 			if ok, err = pr.fits(ctx, cand, eligible[:mid]); err != nil {
-				return nil, err
+				return cut(ctx, best, err)
 			} else if ok {
 				hi = mid
 			} else {
@@ -439,7 +441,7 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 		for i, tries := len(victims)-1, 0; i >= 0 && len(victims) > 1 && tries < maxReprieves; i, tries = i-1, tries+1 {
 			without := slices.Delete(slices.Clone(victims), i, i+1)
 			if ok, err = pr.fits(ctx, cand, without); err != nil {
-				return nil, err
+				return cut(ctx, best, err)
 			} else if ok {
 				victims = without
 			}
@@ -456,6 +458,17 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 			best, bestCost = &preemption{domain: cand.pool, victims: victims, ending: ending}, c
 		}
 	}
+	return best, nil
+}
+
+// cut ends choose on err: past the look's cap of allocator calls
+// (maxAllocatorCallsPerLook), the cheapest preemption among the domains
+// tried whole stands (nil: none); any other error fails the look.
+func cut(ctx context.Context, best *preemption, err error) (*preemption, error) {
+	if !errors.Is(err, errAllocatorCalls) {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Stopped comparing domains for a preemption at the look's cap of allocator calls", "found", best != nil)
 	return best, nil
 }
 

@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,6 +71,11 @@ type reconciler struct {
 	noReservations bool
 	// budgets lists PodDisruptionBudgets (the informer's cache).
 	budgets policylisters.PodDisruptionBudgetLister
+	// maxAllocatorCalls caps the allocator calls of one look (0:
+	// maxAllocatorCallsPerLook); allocatorCalls is what the last look
+	// made (one look runs at a time).
+	maxAllocatorCalls int
+	allocatorCalls    int
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -85,6 +91,11 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "gang", klog.KObj(g))
 	ctx = klog.NewContext(ctx, logger)
+	ctx, calls := withAllocatorBudget(ctx, cmp.Or(r.maxAllocatorCalls, maxAllocatorCallsPerLook))
+	defer func() {
+		r.allocatorCalls = calls.calls()
+		logger.V(4).Info("Look done", "allocatorCalls", r.allocatorCalls)
+	}()
 	members, verr := gangv1.Validate(g)
 	pods, err := r.pods.Pods(ns).List(labels.Everything())
 	if err != nil {
@@ -304,9 +315,11 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 	}
 	// A reservation is handed to the members (kept until the scheduler
 	// has allocated them, if they tolerate it), or its rules go before
-	// the members reach the scheduler.
+	// the members reach the scheduler: released members must not meet
+	// their own reservation's taint. Committed: the next look hands it
+	// over, then releases them (committed).
 	if _, err := r.handOff(ctx, g, p.members, st); err != nil {
-		logger.Error(err, "Could not hand the reservation of a placed gang over; the next look does")
+		return result{requeueAfter: time.Second}, fmt.Errorf("placed gang %s/%s, not released yet: %w", g.Namespace, g.Name, err)
 	}
 	// Reservations that do not hold against this gang leave the pools its
 	// members go to before the scheduler sees them.
@@ -462,6 +475,14 @@ func (r *reconciler) committed(ctx context.Context, g *gangv1.Gang, v *view, id 
 		priority, _ := gangPriority(v)
 		if err := r.yieldToGang(ctx, g, priority, waiting, func(nodes []string) (map[string]string, error) { return r.nodePools(ctx, nodes) }); err != nil {
 			return true, result{requeueAfter: time.Second}, err
+		}
+		// The gang's own reservation is handed over (or its rules go)
+		// before a gated member is released, as at the placement: a
+		// crash, or a failed hand-off, may have left it in place.
+		if len(gated) > 0 {
+			if _, err := r.handOff(ctx, g, in, st); err != nil {
+				return true, result{requeueAfter: time.Second}, err
+			}
 		}
 		err := parallel(len(gated), func(i int) error {
 			return release(ctx, r.client, gated[i], nodeOf(gated[i], v), id)

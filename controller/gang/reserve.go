@@ -2,6 +2,7 @@ package gang
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"maps"
@@ -137,9 +138,9 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since t
 		}
 		// A pod ends when it declares; a backfill pod that declares
 		// nothing (or overran), or that came onto the reserved devices
-		// (started since the reservation), is gone at the start: it is
+		// since the reservation (arrivedAt), is gone at the start: it is
 		// evicted then.
-		if evictable && startOf(p).After(since) {
+		if evictable && pr.arrivedAt(p).After(since) {
 			always = append(always, unit{pods: []*v1.Pod{p}})
 		} else if end, ok := expectedEnd(p, now); ok && now.Before(end.Add(overrunGrace)) {
 			ends = append(ends, timed{p, end})
@@ -223,6 +224,11 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			since = old.Since.Time
 		}
 		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID, tainted, placements)
+		if errors.Is(err, errAllocatorCalls) && best != nil {
+			// The earliest start among the domains tried stands.
+			klog.FromContext(ctx).Info("Stopped comparing domains for the reservation at the look's cap of allocator calls", "domain", best.domain, "next", c.pool)
+			break
+		}
 		if err != nil {
 			return false, 0, err
 		}
@@ -246,14 +252,20 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	// before it: nodes where a released member of a placement waits for
 	// the scheduler to allocate its claims (a rule now would refuse it),
 	// and nodes a pending pod of higher priority fits on only with the
-	// reservation gone, are left untainted (and their backfill alone).
+	// reservation gone (and on no node a reservation does not hold), are
+	// left untainted (and their backfill alone).
 	yielded := map[string][]string{}
 	for _, pn := range v.pins {
 		if slices.Contains(best.nodes, pn.node) {
 			yielded[pn.node] = append(yielded[pn.node], "the released member "+pn.pod.Namespace+"/"+pn.pod.Name)
 		}
 	}
-	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }))
+	held, err := r.heldNodes(snap, best.nodes)
+	if err != nil {
+		return false, 0, err
+	}
+	book := newYieldBook(old, now)
+	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held, book.grant)
 	if err != nil {
 		return false, 0, err
 	}
@@ -287,19 +299,9 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		}
 	}
 	sort.Strings(unsure)
-	var evicted []string
+	var evicted, kept []string
 	if stopping && len(unsure) == 0 {
-		for _, p := range best.backfill {
-			if !slices.Contains(best.nodes, p.Spec.NodeName) {
-				continue
-			}
-			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s starts at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
-			if err := evict(ctx, r.client, p); err != nil {
-				logger.Error(err, "Could not evict a backfill pod at its reservation's start", "pod", klog.KObj(p))
-				continue
-			}
-			evicted = append(evicted, p.Namespace+"/"+p.Name)
-		}
+		evicted, kept = r.evictBackfill(ctx, g, best)
 	}
 	var waitingFor []string
 	for _, p := range best.waitingFor {
@@ -322,12 +324,18 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(evicted) > 0 {
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
 	}
+	if len(kept) > 0 {
+		msg += fmt.Sprintf("; the eviction of %d backfill pods was refused (a PodDisruptionBudget) or failed, so they keep their devices and are tried again: %s", len(kept), strings.Join(capped(kept), ", "))
+	}
 	if len(yielded) > 0 {
 		var left []string
 		for _, n := range slices.Sorted(maps.Keys(yielded)) {
 			left = append(left, fmt.Sprintf("left %s to %s", n, strings.Join(capped(yielded[n]), ", ")))
 		}
 		msg += "; " + strings.Join(left, "; ")
+	}
+	if len(book.refused) > 0 {
+		msg += fmt.Sprintf("; left no node to %s", strings.Join(capped(book.refused), ", "))
 	}
 	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
@@ -336,13 +344,52 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(waitingFor) > reservationWaitCap {
 		waitingFor = waitingFor[:reservationWaitCap]
 	}
-	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor}
+	st.Reservation = &gangv1.Reservation{Domain: best.domain, Priority: priority, Since: metav1.NewTime(since.Truncate(time.Second)), Start: metav1.NewTime(best.start.Truncate(time.Second)), Nodes: best.nodes, WaitingFor: waitingFor, Yields: book.records}
 	waiting(st, g.Generation, gangv1.ReasonReserved, msg)
 	r.metrics.attempt("reserved")
+	after := 5 * time.Second
 	if d := best.start.Add(-lead).Sub(now); d > 0 {
-		return true, d, nil
+		after = d
 	}
-	return true, 5 * time.Second, nil
+	if d := book.recheck(); d > 0 && d < after {
+		after = d
+	}
+	return true, after, nil
+}
+
+// evictBackfill evicts the backfill pods on the reservation's nodes, at
+// its start. A pod whose eviction the API server refuses (429: a
+// PodDisruptionBudget allows no disruption now) or that fails otherwise
+// keeps its devices: it joins the pods the reservation waits for (and is
+// listed in status.reservation.waitingFor), a warning event on it says so,
+// and the next look, seconds later since the start has come, tries again.
+// It returns the pods evicted and the pods kept ("<namespace>/<name>").
+func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *reservation) (evicted, kept []string) {
+	logger := klog.FromContext(ctx)
+	for _, p := range best.backfill {
+		if !slices.Contains(best.nodes, p.Spec.NodeName) {
+			continue
+		}
+		err := evict(ctx, r.client, p)
+		if err == nil {
+			r.recorder.Eventf(p, v1.EventTypeNormal, gangv1.ReasonBackfillEvicted, "evicted: the reservation of gang %s/%s on %s starts at %s", g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339))
+			r.metrics.backfillEviction("evicted")
+			evicted = append(evicted, p.Namespace+"/"+p.Name)
+			continue
+		}
+		result := "failed"
+		if apierrors.IsTooManyRequests(err) {
+			result = "refused"
+		}
+		logger.Info("A backfill pod's eviction at its reservation's start was not done; it keeps its devices and is tried again", "pod", klog.KObj(p), "result", result, "err", err)
+		r.recorder.Eventf(p, v1.EventTypeWarning, gangv1.ReasonBackfillEvictionRefused, "eviction %s: the reservation of gang %s/%s on %s starts at %s and waits for this pod, trying again: %v", result, g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339), err)
+		r.metrics.backfillEviction(result)
+		kept = append(kept, p.Namespace+"/"+p.Name)
+		if !slices.Contains(best.waitingFor, p) {
+			best.waitingFor = append(best.waitingFor, p)
+		}
+	}
+	return evicted, kept
 }
 
 // capped lists at most five names, and how many more there are.

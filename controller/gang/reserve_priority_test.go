@@ -1,12 +1,14 @@
 package gang
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -24,8 +26,20 @@ import (
 // GPUs of b1 that are free now.
 func priorityCluster(t *testing.T) *fakeCluster {
 	t.Helper()
-	snap, nodes := trays(t, map[string]uint32{"a1": 1, "b1": 2, "b2": 2})
+	return priorityClusterWith(t, nil, nil)
+}
+
+// priorityClusterWith is priorityCluster with more trays (name -> clique),
+// and setup run before gang big reserves.
+func priorityClusterWith(t *testing.T, more map[string]uint32, setup func(*fakeCluster)) *fakeCluster {
+	t.Helper()
+	cliques := map[string]uint32{"a1": 1, "b1": 2, "b2": 2}
+	maps.Copy(cliques, more)
+	snap, nodes := trays(t, cliques)
 	f := newFakeCluster(t, snap, nodes)
+	if setup != nil {
+		setup(f)
+	}
 	f.runningPod("long-a1", "a1", 4, 0, startedAgo(time.Minute), expectedRuntime("2h"))
 	f.runningPod("short-b1", "b1", 2, 0, startedAgo(time.Minute), deadline(11*time.Minute))
 	f.runningPod("short-b2", "b2", 4, 0, startedAgo(time.Minute), deadline(21*time.Minute))
@@ -193,7 +207,7 @@ func TestAnUnschedulablePodOfHigherPriorityQueuesTheReservationsBelowIt(t *testi
 	c := &Controller{
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:   map[string]gangv1.Members{},
-		reserving: map[string]int32{},
+		reserving: map[string]reserving{},
 	}
 	defer c.queue.ShutDown()
 	for _, g := range []struct {
@@ -244,5 +258,57 @@ func TestAnUnschedulablePodOfHigherPriorityQueuesTheReservationsBelowIt(t *testi
 	c.podChanged(pod)
 	if got := queued(); len(got) != 0 {
 		t.Errorf("queued %v once gang low holds no reservation", got)
+	}
+}
+
+// A reservation leaves a node only to a pod it keeps out: a pending pod of
+// higher priority that fits on a tray no reservation holds (tray c1, of a
+// clique of its own, free) is unschedulable for another reason (here a
+// host port, which the controller does not model) and gets nothing; nor
+// does one whose node selector matches no node, or that asks more CPU than
+// any node has. Once c1 is full, the reservation is what keeps the pod out,
+// and it is given b1.
+func TestAReservationYieldsOnlyToAPodItKeepsOut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		c1Full bool
+		edit   func(*v1.Pod)
+		yield  bool
+	}{
+		{name: "fits on a free tray no reservation holds", edit: func(p *v1.Pod) {
+			p.Status.Conditions[0].Message = "0/4 nodes are available: 1 node(s) didn't have free ports for the requested pod ports."
+		}},
+		{name: "a node selector no node matches", c1Full: true, edit: func(p *v1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "nowhere"} }},
+		{name: "more CPU than any node has", c1Full: true, edit: func(p *v1.Pod) {
+			p.Spec.Containers = []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("100")}}}}
+		}},
+		{name: "kept out by the reservation alone", c1Full: true, yield: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := priorityClusterWith(t, map[string]uint32{"c1": 3}, func(f *fakeCluster) {
+				if tc.c1Full {
+					f.runningPod("forever-c1", "c1", 4, 0)
+				}
+			})
+			f.pendingPod("urgent", 2, 100)
+			if tc.edit != nil {
+				p := f.pod("ml", "urgent")
+				tc.edit(p)
+				if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), p, "ml"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g := f.reconcileOK("big")
+			want := []string{"b1", "b2"}
+			if tc.yield {
+				want = []string{"b2"}
+			}
+			if pools := f.reservedPools("big"); !slices.Equal(pools, want) {
+				t.Errorf("gang big taints pools %v, want %v", pools, want)
+			}
+			if msg := conditionMessage(&g.Status, gangv1.ConditionWaiting); tc.yield != strings.Contains(msg, "left b1 to ml/urgent") {
+				t.Errorf("waiting: %s", msg)
+			}
+		})
 	}
 }

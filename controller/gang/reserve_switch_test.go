@@ -2,8 +2,12 @@ package gang
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -96,5 +100,65 @@ func TestABlanketPodIsEvictedWhenTheSwitchWaitedForADeclaredEnd(t *testing.T) {
 	}
 	if !slices.Contains(f.evicted, "greedy") {
 		t.Errorf("greedy (blanket toleration, came under the reservation) never evicted after the pod waited for ended")
+	}
+}
+
+// refuseEvictions makes the API server refuse the next n evictions of pod
+// ml/<name> as a PodDisruptionBudget does (429 TooManyRequests).
+func (f *fakeCluster) refuseEvictions(name string, n int) {
+	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" || n == 0 || a.(k8stesting.CreateAction).GetObject().(metav1.Object).GetName() != name {
+			return false, nil, nil
+		}
+		n--
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 10)
+	})
+}
+
+// A backfill pod whose eviction at the start a PodDisruptionBudget refuses
+// still holds its devices: the reservation waits for it (its status lists
+// it), says why on the gang and on the pod (a warning, no BackfillEvicted),
+// counts the refusal, and tries again on a look seconds later, until the
+// budget lets it go.
+func TestARefusedBackfillEvictionKeepsThePodHoldingItsDevices(t *testing.T) {
+	f := reservationCluster(t, -30*time.Second)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r.metrics = m
+	f.refuseEvictions("bf-b1", 2)
+	f.prioGang("big", 4, 1, 0, nil)
+	for look := range 2 {
+		res, err := f.reconcile("ml", "big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := f.gang("ml", "big")
+		r := g.Status.Reservation
+		if r == nil || !slices.Contains(r.WaitingFor, "ml/bf-b1") || len(f.evicted) != 0 {
+			t.Fatalf("look %d: reservation %+v, evicted %v; want it waiting for the backfill pod whose eviction was refused", look, r, f.evicted)
+		}
+		if msg := conditionMessage(&g.Status, gangv1.ConditionWaiting); !strings.Contains(msg, "refused") || !strings.Contains(msg, "ml/bf-b1") || strings.Contains(msg, "evicted 1") {
+			t.Errorf("look %d: waiting: %s", look, msg)
+		}
+		events := strings.Join(f.drainEvents(), "\n")
+		if !strings.Contains(events, "Warning "+gangv1.ReasonBackfillEvictionRefused) || strings.Contains(events, gangv1.ReasonBackfillEvicted+" ") {
+			t.Errorf("look %d: events:\n%s", look, events)
+		}
+		if got := testutil.ToFloat64(m.backfill.WithLabelValues("refused")); got != float64(look+1) {
+			t.Errorf("look %d: %v refusals counted, want %d", look, got, look+1)
+		}
+		if res.requeueAfter <= 0 || res.requeueAfter > 5*time.Second {
+			t.Errorf("look %d: next look in %v, want a retry within seconds", look, res.requeueAfter)
+		}
+	}
+	g := f.reconcileOK("big")
+	if !slices.Equal(f.evicted, []string{"bf-b1"}) || slices.Contains(g.Status.Reservation.WaitingFor, "ml/bf-b1") {
+		t.Fatalf("the budget allows it: evicted %v, waiting for %v", f.evicted, g.Status.Reservation.WaitingFor)
+	}
+	if got := testutil.ToFloat64(m.backfill.WithLabelValues("evicted")); got != 1 {
+		t.Errorf("%v evictions counted, want 1", got)
 	}
 }

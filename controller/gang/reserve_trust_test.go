@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
 )
@@ -104,6 +105,61 @@ func TestAPodThatToleratesEverythingCannotStarveAReservation(t *testing.T) {
 			}
 			if r := g.Status.Reservation; tc.evicted && (r == nil || r.Domain != first.Domain || !slices.Equal(r.Nodes, []string{"b1"}) || r.Start.After(time.Now())) {
 				t.Errorf("reservation %+v, want b1 started", r)
+			}
+		})
+	}
+}
+
+// scheduledAgo marks the pod bound d ago (its PodScheduled condition's
+// last transition to True).
+func scheduledAgo(d time.Duration) func(*v1.Pod, *resourceapi.ResourceClaim) {
+	return func(p *v1.Pod, _ *resourceapi.ResourceClaim) {
+		p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionTrue, LastTransitionTime: metav1.NewTime(time.Now().Add(-d))})
+	}
+}
+
+// createdAgo sets the pod's creation d ago.
+func createdAgo(d time.Duration) func(*v1.Pod, *resourceapi.ResourceClaim) {
+	return func(p *v1.Pod, _ *resourceapi.ResourceClaim) {
+		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-d))
+	}
+}
+
+// Whether a pod came under a reservation is judged from when it got its
+// devices (its claims' allocation, else its binding), not from when its
+// kubelet reported it started: a pod tolerating every taint that was bound
+// before the reservation, and whose start came after it (a slow kubelet),
+// ran there first and keeps its GPU; one created before the reservation but
+// allocated or bound after it, not yet started, came under it and is
+// evicted at the start.
+func TestAPodCameUnderAReservationWhenItWasScheduledNotWhenItStarted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edits []func(*v1.Pod, *resourceapi.ResourceClaim)
+		// allocated, if set, is when the claim was allocated, from now
+		// (its allocationTimestamp).
+		allocated *time.Duration
+		evicted   bool
+	}{
+		{name: "bound before the reservation, started after it", edits: edits(scheduledAgo(10*time.Minute), startedAgo(-2*time.Second))},
+		{name: "created before the reservation, bound after it, not started", edits: edits(createdAgo(time.Hour), scheduledAgo(-2*time.Second), notStarted), evicted: true},
+		{name: "created before the reservation, allocated after it, not started", edits: edits(createdAgo(time.Hour), notStarted), allocated: ptr.To(2 * time.Second), evicted: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := reservationCluster(t, 10*time.Minute)
+			f.reserveB1()
+			f.backfillEndsAndAPodTakesItsGPU("greedy", 0, append(edits(everyTaint), tc.edits...)...)
+			if tc.allocated != nil {
+				c := f.claim("ml", "greedy-gpu")
+				c.Status.Allocation.AllocationTimestamp = ptr.To(metav1.NewTime(time.Now().Add(*tc.allocated)))
+				if err := f.client.Tracker().Update(resourceapi.SchemeGroupVersion.WithResource("resourceclaims"), c, "ml"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.shortB1Overran()
+			f.reconcileOK("big")
+			if got := slices.Contains(f.evicted, "greedy"); got != tc.evicted {
+				t.Errorf("greedy evicted: %v (evicted %v), want %v", got, f.evicted, tc.evicted)
 			}
 		})
 	}

@@ -2,13 +2,18 @@ package gang
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
@@ -30,9 +35,12 @@ import (
 //     the scheduler has allocated them (yieldToGang); the reserving gang
 //     taints no node where a released member waits (reserve, v.pins);
 //   - a pod of higher priority that the scheduler could not place and that
-//     fits on a reserved node with the reservation gone is given that node:
-//     the reservation leaves it untainted (yieldToPods) until the pod is
-//     placed; the reservation is then recomputed around it.
+//     fits on a reserved node with the reservation gone, and on no node a
+//     reservation does not hold, is given that node: the reservation
+//     leaves it untainted (yieldToPods) until the pod is placed, for at
+//     most yieldGrace, and to at most MaxReservationYields pods in all
+//     (yieldBook); the pod's change queues the gang (Controller.podChanged),
+//     and the reservation is recomputed around what the pod took.
 //
 // Nothing here allocates: deleting a rule only lets the scheduler's own
 // allocator, with its own record of allocated devices, see more devices.
@@ -41,16 +49,97 @@ import (
 // nodes.
 const maxYieldPods = 16
 
+// yieldGrace is how long a node stays left to a pending pod that the
+// scheduler has not placed: it retries the pod as soon as the rule goes
+// (its ResourceSlice tracker reports the change), so a pod still not
+// placed a minute later is kept out by something else, and the node is
+// reserved again.
+const yieldGrace = time.Minute
+
+// yieldBook is a reservation's record of the pods it left nodes to
+// (status.reservation.yields), carried from look to look while the
+// reservation lasts. The bound on yields: each pod is given a node once,
+// for at most yieldGrace while it is not placed, and at most
+// MaxReservationYields pods are given one over the reservation's life; the
+// next pods of higher priority wait for the gang, as pods of its priority
+// do. Without it, a stream of such pods (or one that never schedules)
+// would keep the gang's nodes from it for ever.
+type yieldBook struct {
+	now     time.Time
+	records []gangv1.ReservationYield
+	// granted are the yields given on this look.
+	granted []gangv1.ReservationYield
+	// refused name the pods that fit and were given nothing, and why.
+	refused []string
+}
+
+// newYieldBook carries the yields of the reservation old (nil: none yet).
+func newYieldBook(old *gangv1.Reservation, now time.Time) *yieldBook {
+	b := &yieldBook{now: now}
+	if old != nil {
+		b.records = slices.Clone(old.Yields)
+	}
+	return b
+}
+
+// grant says whether pod p, which the reservation keeps out and which fits
+// on node with it gone, is given the node on this look, and records a new
+// yield.
+func (b *yieldBook) grant(p *v1.Pod, node string) bool {
+	key := p.Namespace + "/" + p.Name
+	for _, y := range b.records {
+		if y.Pod != key {
+			continue
+		}
+		if b.now.Before(y.At.Add(yieldGrace)) {
+			b.granted = append(b.granted, y)
+			return true
+		}
+		b.refused = append(b.refused, fmt.Sprintf("%s (not placed within %s of its yield)", key, yieldGrace))
+		return false
+	}
+	if len(b.records) >= gangv1.MaxReservationYields {
+		b.refused = append(b.refused, fmt.Sprintf("%s (the reservation has left nodes to %d pods, its most)", key, len(b.records)))
+		return false
+	}
+	y := gangv1.ReservationYield{Pod: key, Node: node, At: metav1.NewTime(b.now.Truncate(time.Second))}
+	b.records = append(b.records, y)
+	b.granted = append(b.granted, y)
+	return true
+}
+
+// recheck is when the earliest yield given on this look runs out (0 when
+// none was given): the reservation looks again then, to reserve the node
+// again if its pod was not placed.
+func (b *yieldBook) recheck() time.Duration {
+	var d time.Duration
+	for _, y := range b.granted {
+		left := max(y.At.Add(yieldGrace).Sub(b.now), time.Second)
+		if d == 0 || left < d {
+			d = left
+		}
+	}
+	return d
+}
+
 // yieldToPods finds, for the pending pods of higher priority than a
 // reservation (priority) that the scheduler could not place, a node of the
 // reservation (on, in order) each fits on with the reservation gone: its
 // node selector, affinity and taints, the node's room, and its claims with
 // the scheduler's allocator over snap (where the controller's live
 // reservations are not applied, other rules are), each pod's devices taken
-// before the next is fitted. It returns node -> the pods given it. Pods
-// that the scheduler could not place because of this reservation get its
-// devices; a reservation holds nothing against them (reservationHolds).
-func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string) (map[string][]string, error) {
+// before the next is fitted. It returns node -> the pods given it. Only a
+// pod the reservation keeps out is given a node: one that fits on a node
+// no reservation holds (held: this reservation's nodes and those of every
+// live reservation's rules) is unschedulable for another reason (a
+// condition not yet updated, or what the controller does not model: host
+// ports, volumes, inter-pod affinity), and a node left to it would only
+// let other pods take the reserved devices. A reservation holds nothing
+// against the pods it does keep out (reservationHolds), within the bound
+// grant keeps (yieldBook). Past the look's cap of allocator calls
+// (maxAllocatorCallsPerLook) it stops, and the pods given a node so far
+// keep it.
+func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
 	for _, p := range pods {
 		if p.Spec.NodeName == "" && !finished(p) && len(p.Spec.SchedulingGates) == 0 && podPriority(p) > priority && unschedulable(p) && len(p.Spec.ResourceClaims) > 0 {
@@ -79,6 +168,8 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 	}
 	cluster := snap.Cluster(nil, nil)
 	room := newCapacity(nodes, pods)
+	free := freeNodes(snap, r.driver, nodes, held)
+	logger := klog.FromContext(ctx)
 	out := map[string][]string{}
 	for _, p := range want {
 		claims, ok := unallocatedClaims(p, byName)
@@ -86,25 +177,123 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 			continue
 		}
 		req := requests(p)
-		for _, name := range on {
-			n := nodes[name]
-			if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
-				continue
-			}
-			res, err := cluster.AllocateOnNode(ctx, n, claims...)
-			if err != nil {
-				return nil, fmt.Errorf("fit pending pod %s/%s of priority %d on reserved node %s: %w", p.Namespace, p.Name, podPriority(p), name, err)
-			}
-			if res == nil {
-				continue
-			}
-			cluster.Commit(res...)
-			room.take(name, req)
-			out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
-			break
+		name, res, err := fitKeptOut(ctx, cluster, nodes, room, p, claims, req, on, free)
+		if errors.Is(err, errAllocatorCalls) {
+			// The pods given nodes so far keep them; the rest, not
+			// proven kept out, wait for a look with calls to spare.
+			logger.Info("Stopped fitting pending pods of higher priority onto the reservation's nodes at the look's cap of allocator calls", "fitted", len(out), "pod", klog.KObj(p))
+			return out, nil
 		}
+		if err != nil {
+			return nil, fmt.Errorf("fit pending pod %s/%s of priority %d: %w", p.Namespace, p.Name, podPriority(p), err)
+		}
+		if res == nil || !grant(p, name) {
+			continue
+		}
+		cluster.Commit(res...)
+		room.take(name, req)
+		out[name] = append(out[name], fmt.Sprintf("%s/%s (priority %d)", p.Namespace, p.Name, podPriority(p)))
 	}
 	return out, nil
+}
+
+// fitKeptOut finds the first reserved node (of on) where pod p fits with
+// the reservation gone and its claims' allocations there, not committed;
+// "" and nil when it fits on none, or when it fits on a node no
+// reservation holds (free) as well: the reservation is not what keeps it
+// out.
+func fitKeptOut(ctx context.Context, cluster *simulate.Cluster, nodes map[string]*v1.Node, room capacity, p *v1.Pod, claims []*resourceapi.ResourceClaim, req v1.ResourceList, on, free []string) (string, []resourceapi.AllocationResult, error) {
+	name, res, err := fitOn(ctx, cluster, nodes, room, p, claims, req, on)
+	if err != nil || res == nil {
+		return "", nil, err
+	}
+	other, _, err := fitOn(ctx, cluster, nodes, room, p, claims, req, free)
+	if err != nil {
+		return "", nil, err
+	}
+	if other != "" {
+		klog.FromContext(ctx).V(2).Info("A pending pod of higher priority fits where no reservation holds: the reservation does not keep it out, and leaves it no node", "pod", klog.KObj(p), "fitsOn", other)
+		return "", nil, nil
+	}
+	return name, res, nil
+}
+
+// fitOn finds the first of names where pod p fits (fitted as yieldToPods
+// says) and its claims' allocations there, not committed; "" and nil when
+// it fits on none.
+func fitOn(ctx context.Context, cluster *simulate.Cluster, nodes map[string]*v1.Node, room capacity, p *v1.Pod, claims []*resourceapi.ResourceClaim, req v1.ResourceList, names []string) (string, []resourceapi.AllocationResult, error) {
+	for _, name := range names {
+		n := nodes[name]
+		if n == nil || !podFits(p, n) || room.fits(name, req) != "" {
+			continue
+		}
+		res, err := allocate(ctx, cluster, n, claims...)
+		if err != nil {
+			return "", nil, fmt.Errorf("node %s: %w", name, err)
+		}
+		if res != nil {
+			return name, res, nil
+		}
+	}
+	return "", nil, nil
+}
+
+// freeNodes are the nodes with devices of driver (their own slices in
+// snap) that no reservation holds (held) and that take new pods (not
+// cordoned, not being deleted), by name.
+func freeNodes(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, held map[string]bool) []string {
+	set := map[string]bool{}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver != driver || s.Spec.NodeName == nil {
+			continue
+		}
+		name := *s.Spec.NodeName
+		if n := nodes[name]; n != nil && !held[name] && !n.Spec.Unschedulable && n.DeletionTimestamp == nil {
+			set[name] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// heldNodes are the nodes reservations keep new pods off: own (the nodes
+// of the reservation being made) and those of the pools of every rule
+// placement models as a live gang's reservation (modelledRule).
+func (r *reconciler) heldNodes(snap *simulate.Snapshot, own []string) (map[string]bool, error) {
+	held := map[string]bool{}
+	for _, n := range own {
+		held[n] = true
+	}
+	if r.taintRules == nil {
+		return held, nil
+	}
+	rules, err := r.taintRules.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list the reservation rules: %w", err)
+	}
+	// modelledRule, with the gangs listed once.
+	var reserving map[string]bool
+	if r.allGangs != nil {
+		reserving = map[string]bool{}
+		for _, g := range r.allGangs() {
+			if g.Status.Reservation != nil {
+				reserving[string(g.UID)] = true
+			}
+		}
+	}
+	pools := map[string]bool{}
+	for _, rule := range rules {
+		sel := rule.Spec.DeviceSelector
+		if sel == nil || sel.Pool == nil || !reservationRule(rule) || (reserving != nil && !reserving[rule.Labels[gangv1.LabelReservation]]) {
+			continue
+		}
+		pools[*sel.Pool] = true
+	}
+	for _, s := range snap.Slices {
+		if s.Spec.Driver == r.driver && s.Spec.NodeName != nil && pools[s.Spec.Pool.Name] {
+			held[*s.Spec.NodeName] = true
+		}
+	}
+	return held, nil
 }
 
 // unschedulable says whether the scheduler tried the pod and could not

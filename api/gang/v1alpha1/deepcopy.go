@@ -77,6 +77,13 @@ func (r *Reservation) DeepCopy() *Reservation {
 	r.Since.DeepCopyInto(&out.Since)
 	out.Nodes = append([]string(nil), r.Nodes...)
 	out.WaitingFor = append([]string(nil), r.WaitingFor...)
+	if r.Yields != nil {
+		out.Yields = make([]ReservationYield, len(r.Yields))
+		for i := range r.Yields {
+			out.Yields[i] = r.Yields[i]
+			r.Yields[i].At.DeepCopyInto(&out.Yields[i].At)
+		}
+	}
 	return &out
 }
 

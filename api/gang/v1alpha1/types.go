@@ -346,7 +346,8 @@ type Reservation struct {
 	// Priority is the gang's priority.
 	Priority int32 `json:"priority"`
 	// Since is when the gang first reserved this domain: backfill pods
-	// that started after it came onto reserved devices and are evicted at
+	// whose claims were allocated (or, without an allocation time, that
+	// were bound) after it came onto reserved devices and are evicted at
 	// the start whatever end they declare.
 	Since metav1.Time `json:"since"`
 	// Start is when the pods it waits for are expected to have ended;
@@ -357,7 +358,31 @@ type Reservation struct {
 	// WaitingFor are the pods expected to end by Start (namespace/name); at
 	// most MaxPreemptionVictims are listed.
 	WaitingFor []string `json:"waitingFor,omitempty"`
+	// Yields are the pending pods of higher priority the reservation has
+	// left a node to, the first given first: at most
+	// MaxReservationYields over the reservation's life (the next ones
+	// wait for the gang's placement, as pods of its own priority do), each
+	// for at most a minute while its pod is not placed.
+	Yields []ReservationYield `json:"yields,omitempty"`
 }
+
+// ReservationYield is a node a reservation left to a pending pod of higher
+// priority.
+type ReservationYield struct {
+	// Pod is the pod (namespace/name).
+	Pod string `json:"pod"`
+	// Node is the node first left to it.
+	Node string `json:"node"`
+	// At is when the node was first left to it.
+	At metav1.Time `json:"at"`
+}
+
+// MaxReservationYields bounds the pods one reservation leaves nodes to.
+// Each may push the gang's start back by its runtime (or, declaring none,
+// move the reservation elsewhere): four let the odd urgent pod through and
+// bound what a stream of pods of higher priority costs the gang to four
+// such runtimes, where without a bound it could wait for ever.
+const MaxReservationYields = 4
 
 // Reservation keys.
 const (
@@ -449,6 +474,11 @@ const (
 	// ReasonBackfillEvicted is the event on each backfill pod evicted when
 	// a reservation starts.
 	ReasonBackfillEvicted = "BackfillEvicted"
+	// ReasonBackfillEvictionRefused is the warning event on a backfill pod
+	// whose eviction at a reservation's start was refused (a
+	// PodDisruptionBudget) or failed: it keeps its devices, the
+	// reservation waits for it and tries again.
+	ReasonBackfillEvictionRefused = "BackfillEvictionRefused"
 	// ReasonPolicyNotMet: placed, but a Preferred placement policy could
 	// not be met (the Placed condition's message says where).
 	ReasonPolicyNotMet = "PlacementPolicyNotMet"
