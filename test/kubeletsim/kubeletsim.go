@@ -54,7 +54,11 @@ func RegisterAt(ctx context.Context, sock string) (*Kubelet, error) {
 		return nil, err
 	}
 	rc := registerapi.NewRegistrationClient(reg)
-	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{})
+	// The socket's file exists once bound, a moment before the plugin
+	// listens on it: a connection then is refused. The kubelet's plugin
+	// manager tries again until the plugin answers; so does this, until
+	// ctx ends.
+	info, err := rc.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		_ = reg.Close()
 		return nil, fmt.Errorf("GetInfo on %s: %w", sock, err)
