@@ -1,10 +1,12 @@
 // Package gang places gangs (api/gang/v1alpha1): when every member of a gang
 // exists and the whole gang fits in one domain, checked with the scheduler's
 // own allocator against the live slices and every allocated claim, it
-// allocates the shared domain claim and each member's claims itself, reserves
-// them for the members, pins each member to its node and releases every
-// scheduling gate together; the scheduler then only binds. A gang that does
-// not fit stays gated and holds nothing. State lives in the API, so a
+// allocates the shared domain claim's channel, pins each member to its node
+// and releases every scheduling gate together; kube-scheduler allocates each
+// member's own claims on its node, and the members bind once all are
+// allocated (binding conditions on the channel). A gang that does not fit
+// stays gated and holds nothing, or reserves the nodes expected to free up
+// first (reserve.go, backfill.go, yield.go). State lives in the API, so a
 // restarted controller resumes a committed placement or rolls back an
 // unfinished one (see reconcile.go and docs/gang.md).
 package gang
