@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -35,25 +36,25 @@ import (
 
 // The labels, in the driver's domain.
 const (
-	// LabelDomain is the NVLink domain (the fabric's cluster UUID) of the
-	// node's GPUs.
+	// LabelDomain is the multi-node NVLink domain of the node's GPUs: the
+	// fabric's cluster UUID, the first part of their clique. (The GPUs'
+	// nvlinkDomain attribute is another thing: the GPUs joined by NVLink
+	// inside one node.)
 	LabelDomain = gpuslices.DriverName + "/nvlink-domain"
 	// LabelClique is the NVLink clique ("<cluster UUID>.<clique ID>") of
 	// the node's GPUs: the nodes whose GPUs reach each other over NVLink.
 	LabelClique = gpuslices.DriverName + "/nvlink-clique"
 )
 
-// labels are the labels the package owns, each with the GPU attribute it
-// is read from.
-var labels = map[string]resourceapi.QualifiedName{
-	LabelDomain: gpuslices.AttrNVLinkDomain,
-	LabelClique: gpuslices.AttrNVLinkClique,
-}
+// labelNames are the labels the package owns.
+var labelNames = []string{LabelDomain, LabelClique}
 
 // Want is the labels each node should carry, by node name, from the
-// driver's slices: for each node's pool its newest generation's devices,
-// and a label only where every device that has the attribute agrees on a
-// valid label value. A node absent carries none.
+// driver's slices: for each node's pool its newest generation's devices'
+// nvlinkClique attributes. A label is set only where every device that has
+// the attribute agrees on it (GPUs of two cliques of one fabric give the
+// node its domain and no clique) and its value is a valid label value. A
+// node absent carries none.
 func Want(resourceSlices []*resourceapi.ResourceSlice, driver string) map[string]map[string]string {
 	newest := map[string]int64{} // pool -> generation
 	for _, s := range resourceSlices {
@@ -65,24 +66,28 @@ func Want(resourceSlices []*resourceapi.ResourceSlice, driver string) map[string
 		}
 	}
 	values := map[string]map[string]map[string]bool{} // node -> label -> values
+	add := func(node, label, value string) {
+		if values[node] == nil {
+			values[node] = map[string]map[string]bool{}
+		}
+		if values[node][label] == nil {
+			values[node][label] = map[string]bool{}
+		}
+		values[node][label][value] = true
+	}
 	for _, s := range resourceSlices {
 		if s.Spec.Driver != driver || s.Spec.NodeName == nil || *s.Spec.NodeName == "" || s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
 			continue
 		}
-		node := *s.Spec.NodeName
 		for _, d := range s.Spec.Devices {
-			for label, attr := range labels {
-				a, ok := d.Attributes[attr]
-				if !ok || a.StringValue == nil || *a.StringValue == "" {
-					continue
-				}
-				if values[node] == nil {
-					values[node] = map[string]map[string]bool{}
-				}
-				if values[node][label] == nil {
-					values[node][label] = map[string]bool{}
-				}
-				values[node][label][*a.StringValue] = true
+			a, ok := d.Attributes[gpuslices.AttrNVLinkClique]
+			if !ok || a.StringValue == nil || *a.StringValue == "" {
+				continue
+			}
+			clique := *a.StringValue
+			add(*s.Spec.NodeName, LabelClique, clique)
+			if i := strings.LastIndex(clique, "."); i > 0 {
+				add(*s.Spec.NodeName, LabelDomain, clique[:i])
 			}
 		}
 	}
@@ -90,7 +95,7 @@ func Want(resourceSlices []*resourceapi.ResourceSlice, driver string) map[string
 	for node, byLabel := range values {
 		for label, vs := range byLabel {
 			if len(vs) != 1 {
-				continue // GPUs of several cliques: no one of them is the node's
+				continue // several: no one of them is the node's
 			}
 			v := slices.Collect(maps.Keys(vs))[0]
 			if len(validation.IsValidLabelValue(v)) > 0 {
@@ -110,7 +115,7 @@ func Want(resourceSlices []*resourceapi.ResourceSlice, driver string) map[string
 // changes.
 func Patch(node *v1.Node, want map[string]string) []byte {
 	change := map[string]any{}
-	for label := range labels {
+	for _, label := range labelNames {
 		have, has := node.Labels[label]
 		w, wanted := want[label]
 		switch {

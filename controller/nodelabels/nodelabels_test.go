@@ -26,9 +26,10 @@ func slice(name, node string, generation int64, cliques ...string) *resourceapi.
 	}}
 	for i, c := range cliques {
 		d := resourceapi.Device{Name: "gpu-" + string(rune('0'+i)), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}
+		// nvlinkDomain, the GPUs joined inside one node, is no label.
+		d.Attributes["nvlinkDomain"] = resourceapi.DeviceAttribute{StringValue: ptr.To("GPU-" + node + "-island")}
 		if c != "" {
 			d.Attributes["nvlinkClique"] = resourceapi.DeviceAttribute{StringValue: ptr.To(c)}
-			d.Attributes["nvlinkDomain"] = resourceapi.DeviceAttribute{StringValue: ptr.To(c[:len(c)-2])}
 		}
 		s.Spec.Devices = append(s.Spec.Devices, d)
 	}
@@ -66,6 +67,11 @@ func TestWantRefusesAValueThatIsNoLabelValue(t *testing.T) {
 	got := Want([]*resourceapi.ResourceSlice{slice("t", "tray", 0, long+".1"), slice("u", "bad", 0, "a b.1")}, driver)
 	if len(got) != 0 {
 		t.Errorf("Want = %v, want no label for a value over 63 characters or with a space", got)
+	}
+	// A clique with no "." has no domain part.
+	got = Want([]*resourceapi.ResourceSlice{slice("t", "tray", 0, "clique")}, driver)
+	if want := map[string]map[string]string{"tray": {LabelClique: "clique"}}; !maps.EqualFunc(got, want, maps.Equal) {
+		t.Errorf("Want = %v, want %v", got, want)
 	}
 }
 
