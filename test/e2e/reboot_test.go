@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,8 +95,23 @@ func TestRebootPreparesClaimsAfreshAndLeaksNothing(t *testing.T) {
 	if len(data.Claims) != len(pods) {
 		t.Errorf("checkpoint holds %d claims after the reboot, want %d: %+v", len(data.Claims), len(pods), data.Claims)
 	}
-	if specs := node.cdiSpecs(); len(specs) != len(pods) {
-		t.Errorf("CDI dir holds %v after the reboot, want one spec per pod", specs)
+	// One claim spec per pod, and one device metadata spec (the kubelet
+	// plugin helper's, DeviceMetadata) for each claim's one request.
+	var own, metadata []string
+	for _, s := range node.cdiSpecs() {
+		if strings.HasPrefix(s, "gpu.tessera.dev_metadata_") {
+			metadata = append(metadata, s)
+		} else {
+			own = append(own, s)
+		}
+	}
+	if len(own) != len(pods) || len(metadata) != len(pods) {
+		t.Errorf("CDI dir holds claim specs %v and metadata specs %v after the reboot, want one of each per pod", own, metadata)
+	}
+	for _, p := range pods {
+		if uid := string(claims[p.Name].UID); !slices.ContainsFunc(metadata, func(s string) bool { return strings.Contains(s, "_"+uid+"_") }) {
+			t.Errorf("pod %s: no metadata spec of its claim %s among %v", p.Name, uid, metadata)
+		}
 	}
 	if n := instances(); n != 1 {
 		t.Errorf("%d GPU instances after the reboot, want the MIG pod's one", n)
