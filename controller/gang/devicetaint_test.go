@@ -227,6 +227,43 @@ func TestADrainAfterTheAllocationDoesNotLoseABoundMember(t *testing.T) {
 	}
 }
 
+// Nor does a taint the node's plugin puts on the member's device after the
+// allocation (a lazily published partition being withdrawn, a health
+// taint of effect NoSchedule): it is in the slice itself, not a rule, and
+// the re-check judges the member's claims as their holder.
+func TestATaintOnTheSliceAfterTheAllocationDoesNotLoseABoundMember(t *testing.T) {
+	snap, nodes := trays(t, map[string]uint32{"a1": 1})
+	f := newFakeCluster(t, snap, nodes)
+	f.placedGang(2 * time.Minute)
+	list, err := f.client.ResourceV1().ResourceSlices().List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tainted := 0
+	for i := range list.Items {
+		s := &list.Items[i]
+		if s.Spec.Pool.Name != "a1" {
+			continue
+		}
+		for j := range s.Spec.Devices {
+			s.Spec.Devices[j].Taints = append(s.Spec.Devices[j].Taints, resourceapi.DeviceTaint{Key: "gpu.tessera.dev/partitions-withdrawn", Effect: resourceapi.DeviceTaintEffectNoSchedule})
+			tainted++
+		}
+		if _, err := f.client.ResourceV1().ResourceSlices().Update(f.ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tainted == 0 {
+		t.Fatal("no device of a1 to taint")
+	}
+	if _, err := f.reconcile("ml", "g"); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.evicted) != 0 {
+		t.Errorf("evicted %v: a member allocated before its device was tainted is not lost for it", f.evicted)
+	}
+}
+
 // A reservation rule whose gang is gone (deleted without its finalizer;
 // the leader sweeps such rules only when it starts), or that merely
 // carries the reservation label, is no reservation the controller models:

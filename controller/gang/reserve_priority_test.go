@@ -261,13 +261,24 @@ func TestAnUnschedulablePodOfHigherPriorityQueuesTheReservationsBelowIt(t *testi
 	}
 }
 
+// asExtended makes a pending pod ask its two GPUs as the extended resource
+// name, in its container's limits (the API server copies them to requests),
+// instead of through a claim.
+func asExtended(name v1.ResourceName) func(*v1.Pod) {
+	return func(p *v1.Pod) {
+		p.Spec.ResourceClaims = nil
+		p.Spec.Containers = []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{name: resource.MustParse("2")}}}}
+	}
+}
+
 // A reservation leaves a node only to a pod it keeps out: a pending pod of
 // higher priority that fits on a tray no reservation holds (tray c1, of a
 // clique of its own, free) is unschedulable for another reason (here a
 // host port, which the controller does not model) and gets nothing; nor
 // does one whose node selector matches no node, or that asks more CPU than
 // any node has. Once c1 is full, the reservation is what keeps the pod out,
-// and it is given b1.
+// and it is given b1, also when it asks its GPUs as the DeviceClass's
+// extended resource (no claims of its own).
 func TestAReservationYieldsOnlyToAPodItKeepsOut(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -283,6 +294,11 @@ func TestAReservationYieldsOnlyToAPodItKeepsOut(t *testing.T) {
 			p.Spec.Containers = []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("100")}}}}
 		}},
 		{name: "kept out by the reservation alone", c1Full: true, yield: true},
+		// The README's way of asking: the DeviceClass's extended resource,
+		// with no claims in the pod (the scheduler makes one).
+		{name: "asking GPUs as the class's extended resource, kept out", c1Full: true, yield: true, edit: asExtended("gpu.tessera.dev/gpu")},
+		{name: "asking GPUs by the class's implicit resource name, kept out", c1Full: true, yield: true, edit: asExtended("deviceclass.resource.kubernetes.io/gpu.tessera.dev")},
+		{name: "asking GPUs as an extended resource, fits on a free tray", edit: asExtended("gpu.tessera.dev/gpu")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := priorityClusterWith(t, map[string]uint32{"c1": 3}, func(f *fakeCluster) {

@@ -106,7 +106,7 @@ func (r *reconciler) refused(ctx context.Context, in []*member, now time.Time) (
 				claims = append(claims, cur)
 			}
 		}
-		why, err := misfit(ctx, snap, nodes, claims)
+		why, err := heldMisfit(ctx, snap, nodes, claims)
 		if err != nil {
 			return nil, nil, nil, 0, err
 		}

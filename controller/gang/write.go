@@ -251,6 +251,19 @@ func conflicts(ctx context.Context, client kubernetes.Interface, snap *simulate.
 // (simulate.Cluster.Refit), and each beside the ones before it. It says
 // which claim does not fit and beside which others; "" when all fit.
 func misfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, claims []*resourceapi.ResourceClaim) (string, error) {
+	return judge(ctx, snap, nodes, claims, false)
+}
+
+// heldMisfit is misfit for claims the scheduler allocated already, judged
+// as their holders (simulate.Cluster.RefitHeld): a taint on one of their
+// devices, or a lazily published partition being withdrawn, takes nothing
+// from them; only another claim holding what they hold does.
+func heldMisfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, claims []*resourceapi.ResourceClaim) (string, error) {
+	return judge(ctx, snap, nodes, claims, true)
+}
+
+// judge is misfit, or heldMisfit if held.
+func judge(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, claims []*resourceapi.ResourceClaim, held bool) (string, error) {
 	judged := map[types.UID]bool{}
 	pools := map[string]bool{} // driver/pool
 	for _, c := range claims {
@@ -272,7 +285,11 @@ func misfit(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.N
 		if channelsOnly(c.Status.Allocation) {
 			c = domain.Tolerating(c) // as the controller allocated it
 		}
-		fits, err := cluster.Refit(ctx, allocationNode(c.Status.Allocation, nodes), c)
+		refit := cluster.Refit
+		if held {
+			refit = cluster.RefitHeld
+		}
+		fits, err := refit(ctx, allocationNode(c.Status.Allocation, nodes), c)
 		if err != nil {
 			return "", err
 		}

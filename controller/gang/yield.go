@@ -141,9 +141,15 @@ func (b *yieldBook) recheck() time.Duration {
 // keep it.
 func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
+	extended := map[*v1.Pod]map[string]int64{} // devices asked as extended resources, by class
 	for _, p := range pods {
-		if p.Spec.NodeName == "" && !finished(p) && len(p.Spec.SchedulingGates) == 0 && podPriority(p) > priority && unschedulable(p) && len(p.Spec.ResourceClaims) > 0 {
+		if p.Spec.NodeName != "" || finished(p) || len(p.Spec.SchedulingGates) > 0 || podPriority(p) <= priority || !unschedulable(p) {
+			continue
+		}
+		asked, _ := extendedResources(p, nil, snap.Classes)
+		if len(p.Spec.ResourceClaims) > 0 || len(asked) > 0 {
 			want = append(want, p)
+			extended[p] = asked
 		}
 	}
 	if len(want) == 0 || len(on) == 0 {
@@ -172,11 +178,19 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 	logger := klog.FromContext(ctx)
 	out := map[string][]string{}
 	for _, p := range want {
-		claims, ok := unallocatedClaims(p, byName)
-		if !ok {
-			continue
+		var claims []*resourceapi.ResourceClaim
+		if len(p.Spec.ResourceClaims) > 0 {
+			var ok bool
+			if claims, ok = unallocatedClaims(p, byName); !ok {
+				continue
+			}
 		}
-		req := requests(p)
+		// Devices asked as extended resources come through the claim the
+		// scheduler would make for them, not through the node's room.
+		_, req := extendedResources(p, requests(p), snap.Classes)
+		if asked := extended[p]; len(asked) > 0 {
+			claims = append(claims, extendedClaim(p, asked))
+		}
 		name, res, err := fitKeptOut(ctx, cluster, nodes, room, p, claims, req, on, free)
 		if errors.Is(err, errAllocatorCalls) {
 			// The pods given nodes so far keep them; the rest, not

@@ -29,6 +29,23 @@ const pinDomain = "refit.simulate.tessera.dev"
 // match it as they did for the allocator). A claim without allocation, or
 // with admin-access results only, fits.
 func (c *Cluster) Refit(ctx context.Context, node *v1.Node, claim *resourceapi.ResourceClaim) (bool, error) {
+	return c.refit(ctx, node, claim, false)
+}
+
+// RefitHeld is Refit for a claim whose allocation is in the API already,
+// judged as its holder: its devices without taints (they keep the
+// allocator from a device, they take nothing from a claim that holds it;
+// the kubelet plugin prepares it all the same, and NoExecute evicts
+// through the upstream controller, not here) and without counters of no
+// room (nothing can draw on them, so they hold no contention between
+// claims, only a publisher's "allocate no more of these", as on a lazily
+// published partition being withdrawn). Refit, for a plan not yet
+// allocated, keeps both.
+func (c *Cluster) RefitHeld(ctx context.Context, node *v1.Node, claim *resourceapi.ResourceClaim) (bool, error) {
+	return c.refit(ctx, node, claim, true)
+}
+
+func (c *Cluster) refit(ctx context.Context, node *v1.Node, claim *resourceapi.ResourceClaim, asHolder bool) (bool, error) {
 	alloc := claim.Status.Allocation
 	if alloc == nil {
 		return true, nil
@@ -55,14 +72,40 @@ func (c *Cluster) Refit(ctx context.Context, node *v1.Node, claim *resourceapi.R
 	c.mu.Lock()
 	published := c.slices
 	c.mu.Unlock()
+	// Counters of no room, by pool and counter set (RefitHeld).
+	empty := map[poolID]map[string]map[string]bool{}
 	for _, s := range published {
-		if !pools[poolID{s.Spec.Driver, s.Spec.Pool.Name}] {
+		id := poolID{s.Spec.Driver, s.Spec.Pool.Name}
+		if !pools[id] {
+			continue
+		}
+		for _, set := range s.Spec.SharedCounters {
+			for name, counter := range set.Counters {
+				if counter.Value.IsZero() {
+					if empty[id] == nil {
+						empty[id] = map[string]map[string]bool{}
+					}
+					if empty[id][set.Name] == nil {
+						empty[id][set.Name] = map[string]bool{}
+					}
+					empty[id][set.Name][name] = true
+				}
+			}
+		}
+	}
+	for _, s := range published {
+		id := poolID{s.Spec.Driver, s.Spec.Pool.Name}
+		if !pools[id] {
 			continue
 		}
 		s = s.DeepCopy()
 		for i := range s.Spec.Devices {
 			d := &s.Spec.Devices[i]
-			for _, attr := range pins[structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)] {
+			held := pins[structured.MakeDeviceID(s.Spec.Driver, s.Spec.Pool.Name, d.Name)]
+			if asHolder && len(held) > 0 {
+				asHeld(d, empty[id])
+			}
+			for _, attr := range held {
 				if d.Attributes == nil {
 					d.Attributes = map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 				}
@@ -81,6 +124,20 @@ func (c *Cluster) Refit(ctx context.Context, node *v1.Node, claim *resourceapi.R
 	}
 	c.Commit(*alloc)
 	return true, nil
+}
+
+// asHeld is a device as the claim that holds it needs it (RefitHeld): no
+// taints, and no counters of no room (empty: counter set -> counter).
+func asHeld(d *resourceapi.Device, empty map[string]map[string]bool) {
+	d.Taints = nil
+	for i := range d.ConsumesCounters {
+		cc := &d.ConsumesCounters[i]
+		for name := range cc.Counters {
+			if empty[cc.CounterSet][name] {
+				delete(cc.Counters, name)
+			}
+		}
+	}
 }
 
 // pin returns a claim asking, per request named in the claim's results,

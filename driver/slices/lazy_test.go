@@ -1,12 +1,15 @@
 package slices_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/deviceclass"
 	"github.com/tessera-dev/tessera/driver/inventory"
@@ -257,5 +260,54 @@ func TestAClaimThatToleratesEveryTaintIsNotAllocatedAPartitionBeingWithdrawn(t *
 			t.Fatalf("a claim tolerating every taint was allocated %s on %s, want the spare gpu-7", d.Name, d.GPU.Name())
 		}
 		n.c.Commit(res...)
+	}
+}
+
+// TestAHeldPartitionOfAGPUBeingWithdrawnStillFitsItsClaim: a claim allocated
+// a partition of the spare, not prepared yet, whose GPU then starts being
+// withdrawn (another claim's release moved the spare back): the gang
+// controller's re-check of a bound member (simulate.Cluster.RefitHeld, as
+// controller/gang's heldMisfit uses it) must judge the claim still
+// fitting, since nothing else
+// holds the partition; the withdrawal taint and the withdrawing counter
+// only keep new claims off it. Judged wrong, a gang member waiting to be
+// prepared would be evicted after the unschedulable grace for "a device
+// another claim holds".
+func TestAHeldPartitionOfAGPUBeingWithdrawnStillFitsItsClaim(t *testing.T) {
+	n := newLazyNode(t)
+	n.now = time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	a := allocate(t, n.c, profileClaim("1g.10gb"))
+	n.c.Commit(a...)
+	devA := a[0].Devices.Results[0].Device
+	n.held[devA]++
+	n.republish() // A's GPU partitioned; gpu-6 the spare
+	b := profileClaim("1g.10gb")
+	b.Spec.Devices.Requests[0].Exactly.Selectors = append(b.Spec.Devices.Requests[0].Exactly.Selectors,
+		resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.tessera.dev"].parentIndex == 6`}})
+	rb := allocate(t, n.c, b)
+	if rb == nil {
+		t.Fatal("no 1g.10gb partition of the spare gpu-6")
+	}
+	b.Status.Allocation = &rb[0]
+	nd := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{"kubernetes.io/hostname": node}}}
+	// A's pod ends before B's is prepared: the spare moves back to gpu-7,
+	// and gpu-6's partitions are tainted and marked withdrawing.
+	n.c.Release(a...)
+	n.held[devA]--
+	n.republish()
+	if !n.published["gpu-6"].IsClosing() {
+		t.Fatalf("gpu-6 is %+v, want it being withdrawn", n.published["gpu-6"])
+	}
+	fits, err := n.c.RefitHeld(context.Background(), nd, b)
+	if err != nil || !fits {
+		t.Errorf("claim B, allocated %s of gpu-6 and held by nothing else, re-checked while gpu-6 is withdrawn: fits %v, %v; want it to fit", rb[0].Devices.Results[0].Device, fits, err)
+	}
+	// Held by B, the partition still keeps another claim off it.
+	n.c.Commit(rb...)
+	other := profileClaim("1g.10gb")
+	other.Spec.Devices.Requests[0].Exactly.Selectors = b.Spec.Devices.Requests[0].Exactly.Selectors
+	other.Spec.Devices.Requests[0].Exactly.Tolerations = []resourceapi.DeviceToleration{{Operator: resourceapi.DeviceTolerationOpExists}}
+	if got := allocate(t, n.c, other); got != nil {
+		t.Errorf("a claim tolerating every taint was allocated %s of gpu-6 while it is withdrawn", got[0].Devices.Results[0].Device)
 	}
 }
