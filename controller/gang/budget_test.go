@@ -144,6 +144,9 @@ func TestAPreemptionThatSpendsItsBudgetLeavesTheReservationItsOwn(t *testing.T) 
 		if msg := conditionMessage(&g.Status, gangv1.ConditionWaiting); !strings.Contains(msg, "cut the preemption search short at its cap") || strings.Contains(msg, "reservation search short") {
 			t.Errorf("look %d: waiting: %s; want it to say that the preemption search, and only it, was cut short", look, msg)
 		}
-		t.Logf("look %d: %d allocator calls", look, f.r.allocatorCalls)
+		if f.r.allocatorCalls > maxAllocatorCallsPerLook {
+			t.Errorf("look %d made %d allocator calls, more than a look's bound %d", look, f.r.allocatorCalls, maxAllocatorCallsPerLook)
+		}
+		t.Logf("look %d: %d allocator calls %v", look, f.r.allocatorCalls, f.r.allocatorStepCalls)
 	}
 }
