@@ -3,10 +3,13 @@ package gang
 import (
 	"fmt"
 	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -218,4 +221,73 @@ func (r *reconciler) taintedSince(g *gangv1.Gang, snap *simulate.Snapshot) (map[
 		}
 	}
 	return out, nil
+}
+
+// backfillRefusalGrace is how long a reservation waits for a backfill pod
+// whose eviction a PodDisruptionBudget refuses before counting it as
+// staying. A budget refuses while the pods it covers are disrupted or not
+// ready: one allowing a disruption at a time lets the next pod go once the
+// last one's replacement is ready, which takes seconds to a few minutes
+// (an image pull, a readiness probe); the reservation tries again every
+// few seconds meanwhile. A budget that still refuses after five minutes is
+// not a rollout under way but one that never allows (minAvailable equal
+// to the pods, or any tenant's pod tolerating the reservation under its
+// own budget): without the grace, such a pod would keep the reservation
+// started, its pools tainted against everyone but the gang and the
+// devices freed there idle, for ever.
+const backfillRefusalGrace = 5 * time.Minute
+
+// keepRefusals keeps, of the gang's records of refused backfill evictions
+// in st, those of pods that still run.
+func keepRefusals(st *gangv1.GangStatus, pods []*v1.Pod) {
+	running := map[string]bool{}
+	for _, p := range pods {
+		if !finished(p) {
+			running[p.Namespace+"/"+p.Name] = true
+		}
+	}
+	st.BackfillRefusals = slices.DeleteFunc(st.BackfillRefusals, func(r gangv1.BackfillRefusal) bool { return !running[r.Pod] })
+	if len(st.BackfillRefusals) == 0 {
+		st.BackfillRefusals = nil
+	}
+}
+
+// addRefusals records in st the pods (namespace/name) whose eviction was
+// refused now and not before; at most gangv1.MaxBackfillRefusals are
+// kept, the first refused first.
+func addRefusals(st *gangv1.GangStatus, refused []string, now time.Time) {
+	for _, pod := range refused {
+		if len(st.BackfillRefusals) >= gangv1.MaxBackfillRefusals {
+			return
+		}
+		if !slices.ContainsFunc(st.BackfillRefusals, func(r gangv1.BackfillRefusal) bool { return r.Pod == pod }) {
+			st.BackfillRefusals = append(st.BackfillRefusals, gangv1.BackfillRefusal{Pod: pod, Since: metav1.NewTime(now.Truncate(time.Second))})
+		}
+	}
+}
+
+// stayingPods are the pods (namespace/name) of st's refusals refused for
+// longer than backfillRefusalGrace: the gang's reservations count them as
+// staying, neither backfill to evict nor expected to free their devices
+// (but for an end they declare, as any pod's), sorted.
+func stayingPods(st *gangv1.GangStatus, now time.Time) []string {
+	var out []string
+	for _, r := range st.BackfillRefusals {
+		if now.Sub(r.Since.Time) > backfillRefusalGrace {
+			out = append(out, r.Pod)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// stayingNote says, for the gang's Waiting message, which backfill pods
+// the gang's reservations count as staying ("" when none), starting with
+// "; ".
+func stayingNote(st *gangv1.GangStatus, now time.Time) string {
+	staying := stayingPods(st, now)
+	if len(staying) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; counted as staying, their eviction refused by a PodDisruptionBudget for over %v: %s", backfillRefusalGrace, strings.Join(capped(staying), ", "))
 }

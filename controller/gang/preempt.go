@@ -142,6 +142,9 @@ type preemptor struct {
 	// gangs are the gangs by "<namespace>/<name>": an elastic one's
 	// members above its minimums are units of their own. Nil: none is.
 	gangs map[string]*gangv1.Gang
+	// staying are the pods ("<namespace>/<name>") a reservation counts
+	// as staying (stayingPods): never backfill. Nil: none is.
+	staying map[string]bool
 }
 
 func newPreemptor(snap *simulate.Snapshot, driver string, nodes map[string]*v1.Node, pods []*v1.Pod, imex bool, v *view, now time.Time) *preemptor {
@@ -461,8 +464,8 @@ func (pr *preemptor) choose(ctx context.Context, cands []candidate, priority int
 	return best, nil
 }
 
-// cut ends choose on err: past the look's cap of allocator calls
-// (maxAllocatorCallsPerLook), the cheapest preemption among the domains
+// cut ends choose on err: past the cap of allocator calls of the look's
+// preemption step (maxAllocatorCallsPerStep), the cheapest preemption among the domains
 // tried whole stands (nil: none); any other error fails the look.
 func cut(ctx context.Context, best *preemption, err error) (*preemption, error) {
 	if !errors.Is(err, errAllocatorCalls) {
@@ -481,6 +484,9 @@ func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if !may {
 		return false, nil
 	}
+	// Preemption spends a budget of its own: however many domains it
+	// compares, the reservation after it gets its whole budget.
+	ctx = allocatorStep(ctx, stepPreemption)
 	var cands []candidate
 	for _, c := range candidates(snap, r.driver, nodes) {
 		if _, held := v.held[c.pool]; !held {
@@ -531,6 +537,7 @@ func (r *reconciler) preempt(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(pre.victims) > 0 {
 		waitingFor = fmt.Sprintf("evicted %d pods of lower priority in %s (%s); waiting for them to end", count, pre.domain, strings.Join(described, ", "))
 	}
+	waitingFor += cutNote(ctx)
 	if len(names) > gangv1.MaxPreemptionVictims {
 		names = names[:gangv1.MaxPreemptionVictims]
 	}

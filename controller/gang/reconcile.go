@@ -71,11 +71,13 @@ type reconciler struct {
 	noReservations bool
 	// budgets lists PodDisruptionBudgets (the informer's cache).
 	budgets policylisters.PodDisruptionBudgetLister
-	// maxAllocatorCalls caps the allocator calls of one look (0:
-	// maxAllocatorCallsPerLook); allocatorCalls is what the last look
-	// made (one look runs at a time).
-	maxAllocatorCalls int
-	allocatorCalls    int
+	// maxAllocatorCalls caps the allocator calls of each step of one look
+	// (0: maxAllocatorCallsPerStep); allocatorCalls is what the last look
+	// made in all, allocatorStepCalls what each of its steps made (one
+	// look runs at a time).
+	maxAllocatorCalls  int
+	allocatorCalls     int
+	allocatorStepCalls map[string]int
 }
 
 // result says when to look at a gang again (zero: on the next event).
@@ -91,9 +93,9 @@ func (r *reconciler) reconcile(ctx context.Context, ns, name string) (result, er
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "gang", klog.KObj(g))
 	ctx = klog.NewContext(ctx, logger)
-	ctx, calls := withAllocatorBudget(ctx, cmp.Or(r.maxAllocatorCalls, maxAllocatorCallsPerLook))
+	ctx, calls := withAllocatorBudget(ctx, cmp.Or(r.maxAllocatorCalls, maxAllocatorCallsPerStep))
 	defer func() {
-		r.allocatorCalls = calls.calls()
+		r.allocatorCalls, r.allocatorStepCalls = calls.calls(), calls.stepCalls()
 		logger.V(4).Info("Look done", "allocatorCalls", r.allocatorCalls)
 	}()
 	members, verr := gangv1.Validate(g)
@@ -256,6 +258,7 @@ func (r *reconciler) place(ctx context.Context, g *gangv1.Gang, v *view, st *gan
 		case v.elastic:
 			msg = noFitMessageFor(len(v.live), fmt.Sprintf("the minimum (%d) of the %d members", v.least, len(v.live)), verdicts)
 		}
+		msg += cutNote(ctx) + stayingNote(st, time.Now())
 		if conditionMessage(st, gangv1.ConditionWaiting) != msg {
 			r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonNoDomainFits, msg)
 			logger.V(2).Info("Gang does not fit", "why", msg)
@@ -364,6 +367,7 @@ func placed(st *gangv1.GangStatus, gen int64, device string, nodes []string, mem
 	}
 	sort.Strings(st.Nodes)
 	st.Domain = device
+	st.BackfillRefusals = nil
 	setCondition(st, gen, gangv1.ConditionWaiting, false, gangv1.ReasonPlaced, "placed")
 	if notMet != "" {
 		setCondition(st, gen, gangv1.ConditionPlaced, true, gangv1.ReasonPolicyNotMet, fmt.Sprintf("%d members placed in %s; %s", members, device, notMet))

@@ -132,7 +132,7 @@ func (pr *preemptor) reserveIn(ctx context.Context, cand candidate, now, since t
 		if !on[p.Spec.NodeName] || own[p.UID] || finished(p) || len(pr.podClaims[p.UID]) == 0 {
 			continue
 		}
-		evictable := podPriority(p) <= priority && (pr.backfill(p, gang) || pr.cameUnder(p, gang, since, tainted, placements))
+		evictable := podPriority(p) <= priority && !pr.staying[p.Namespace+"/"+p.Name] && (pr.backfill(p, gang) || pr.cameUnder(p, gang, since, tainted, placements))
 		if evictable {
 			res.backfill = append(res.backfill, p)
 		}
@@ -214,7 +214,25 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 			}
 		}
 	}
+	// A backfill pod whose eviction a PodDisruptionBudget has refused for
+	// longer than backfillRefusalGrace is counted as staying: the
+	// reservation is recomputed without its devices (elsewhere, later, or
+	// not at all), and says which pod's budget moved it.
+	keepRefusals(st, pods)
+	staying := stayingPods(st, now)
+	pr.staying = map[string]bool{}
+	for _, p := range staying {
+		pr.staying[p] = true
+		if old != nil && slices.Contains(old.WaitingFor, p) {
+			r.recorder.Eventf(g, v1.EventTypeWarning, gangv1.ReasonBackfillEvictionRefused, "the eviction of backfill pod %s has been refused by a PodDisruptionBudget for over %v: the reservation counts it as staying and is recomputed without its devices", p, backfillRefusalGrace)
+			klog.FromContext(ctx).Info("A backfill pod's eviction was refused past the grace; the reservation counts it as staying", "pod", p, "grace", backfillRefusalGrace)
+		}
+	}
 	var best *reservation
+	// The reservation's simulation and the yields each spend a budget of
+	// their own (maxAllocatorCallsPerStep): a preemption search that spent
+	// its own starves neither.
+	search := allocatorStep(ctx, stepReservation)
 	for _, c := range candidates(snap, r.driver, nodes) {
 		if _, held := v.held[c.pool]; held {
 			continue
@@ -223,10 +241,15 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		if old != nil && old.Domain == c.pool {
 			since = old.Since.Time
 		}
-		res, err := pr.reserveIn(ctx, c, now, since, priority, g.UID, tainted, placements)
-		if errors.Is(err, errAllocatorCalls) && best != nil {
-			// The earliest start among the domains tried stands.
-			klog.FromContext(ctx).Info("Stopped comparing domains for the reservation at the look's cap of allocator calls", "domain", best.domain, "next", c.pool)
+		res, err := pr.reserveIn(search, c, now, since, priority, g.UID, tainted, placements)
+		if errors.Is(err, errAllocatorCalls) {
+			// The earliest start among the domains tried stands (none:
+			// the gang waits, and its Waiting message says why).
+			found := ""
+			if best != nil {
+				found = best.domain
+			}
+			klog.FromContext(ctx).Info("Stopped comparing domains for the reservation at the step's cap of allocator calls", "domain", found, "next", c.pool)
 			break
 		}
 		if err != nil {
@@ -265,7 +288,7 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		return false, 0, err
 	}
 	book := newYieldBook(old, now)
-	toPods, err := r.yieldToPods(ctx, snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held, book.grant)
+	toPods, err := r.yieldToPods(allocatorStep(ctx, stepYields), snap, nodes, pods, priority, slices.DeleteFunc(slices.Clone(best.nodes), func(n string) bool { return yielded[n] != nil }), held, book.grant)
 	if err != nil {
 		return false, 0, err
 	}
@@ -299,9 +322,10 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		}
 	}
 	sort.Strings(unsure)
-	var evicted, kept []string
+	var evicted, kept, refused []string
 	if stopping && len(unsure) == 0 {
-		evicted, kept = r.evictBackfill(ctx, g, best)
+		evicted, kept, refused = r.evictBackfill(ctx, g, best)
+		addRefusals(st, refused, now)
 	}
 	var waitingFor []string
 	for _, p := range best.waitingFor {
@@ -325,8 +349,9 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 		msg += fmt.Sprintf("; evicted %d backfill pods", len(evicted))
 	}
 	if len(kept) > 0 {
-		msg += fmt.Sprintf("; the eviction of %d backfill pods was refused (a PodDisruptionBudget) or failed, so they keep their devices and are tried again: %s", len(kept), strings.Join(capped(kept), ", "))
+		msg += fmt.Sprintf("; the eviction of %d backfill pods was refused (a PodDisruptionBudget) or failed, so they keep their devices and are tried again (one refused for over %v is counted as staying): %s", len(kept), backfillRefusalGrace, strings.Join(capped(kept), ", "))
 	}
+	msg += stayingNote(st, now)
 	if len(yielded) > 0 {
 		var left []string
 		for _, n := range slices.Sorted(maps.Keys(yielded)) {
@@ -337,6 +362,7 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 	if len(book.refused) > 0 {
 		msg += fmt.Sprintf("; left no node to %s", strings.Join(capped(book.refused), ", "))
 	}
+	msg += cutNote(ctx)
 	if old == nil || old.Domain != best.domain || !old.Start.Time.Equal(best.start.Truncate(time.Second)) || !slices.Equal(old.Nodes, best.nodes) {
 		r.recorder.Event(g, v1.EventTypeNormal, gangv1.ReasonReserved, msg)
 		logger.Info("Gang reserved the nodes expected to free up first", "domain", best.domain, "nodes", best.nodes, "start", start, "waitingFor", len(waitingFor))
@@ -362,9 +388,12 @@ func (r *reconciler) reserve(ctx context.Context, g *gangv1.Gang, v *view, snap 
 // PodDisruptionBudget allows no disruption now) or that fails otherwise
 // keeps its devices: it joins the pods the reservation waits for (and is
 // listed in status.reservation.waitingFor), a warning event on it says so,
-// and the next look, seconds later since the start has come, tries again.
-// It returns the pods evicted and the pods kept ("<namespace>/<name>").
-func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *reservation) (evicted, kept []string) {
+// and the next look, seconds later since the start has come, tries again
+// (a pod refused for longer than backfillRefusalGrace is counted as
+// staying, and no longer backfill). It returns the pods evicted, the pods
+// kept and, of those, the pods whose eviction was refused
+// ("<namespace>/<name>").
+func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *reservation) (evicted, kept, refused []string) {
 	logger := klog.FromContext(ctx)
 	for _, p := range best.backfill {
 		if !slices.Contains(best.nodes, p.Spec.NodeName) {
@@ -380,6 +409,7 @@ func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *re
 		result := "failed"
 		if apierrors.IsTooManyRequests(err) {
 			result = "refused"
+			refused = append(refused, p.Namespace+"/"+p.Name)
 		}
 		logger.Info("A backfill pod's eviction at its reservation's start was not done; it keeps its devices and is tried again", "pod", klog.KObj(p), "result", result, "err", err)
 		r.recorder.Eventf(p, v1.EventTypeWarning, gangv1.ReasonBackfillEvictionRefused, "eviction %s: the reservation of gang %s/%s on %s starts at %s and waits for this pod, trying again: %v", result, g.Namespace, g.Name, p.Spec.NodeName, best.start.UTC().Format(time.RFC3339), err)
@@ -389,7 +419,7 @@ func (r *reconciler) evictBackfill(ctx context.Context, g *gangv1.Gang, best *re
 			best.waitingFor = append(best.waitingFor, p)
 		}
 	}
-	return evicted, kept
+	return evicted, kept, refused
 }
 
 // capped lists at most five names, and how many more there are.

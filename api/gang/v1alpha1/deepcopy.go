@@ -65,6 +65,13 @@ func (s *GangStatus) DeepCopyInto(out *GangStatus) {
 		out.Preemption = &p
 	}
 	out.Reservation = s.Reservation.DeepCopy()
+	if s.BackfillRefusals != nil {
+		out.BackfillRefusals = make([]BackfillRefusal, len(s.BackfillRefusals))
+		for i := range s.BackfillRefusals {
+			out.BackfillRefusals[i] = s.BackfillRefusals[i]
+			s.BackfillRefusals[i].Since.DeepCopyInto(&out.BackfillRefusals[i].Since)
+		}
+	}
 }
 
 // DeepCopy copies the reservation (nil for nil).

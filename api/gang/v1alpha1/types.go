@@ -336,7 +336,27 @@ type GangStatus struct {
 	// off their devices (DeviceTaintRules), and gangs of no higher
 	// priority out of the domain. Only the controller writes it.
 	Reservation *Reservation `json:"reservation,omitempty"`
+	// BackfillRefusals are the backfill pods whose eviction at the start
+	// of the gang's reservation a PodDisruptionBudget refused, and since
+	// when (the first refusal); at most MaxBackfillRefusals, kept while
+	// the pod runs and the gang is not placed. A pod refused for longer
+	// than the controller's grace is counted as staying: the gang's
+	// reservations no longer count on it freeing its devices.
+	BackfillRefusals []BackfillRefusal `json:"backfillRefusals,omitempty"`
 }
+
+// BackfillRefusal is a backfill pod whose eviction a PodDisruptionBudget
+// refused.
+type BackfillRefusal struct {
+	// Pod is the pod (namespace/name).
+	Pod string `json:"pod"`
+	// Since is when its eviction was first refused.
+	Since metav1.Time `json:"since"`
+}
+
+// MaxBackfillRefusals bounds the backfill pods a gang's status lists as
+// refused eviction.
+const MaxBackfillRefusals = 32
 
 // Reservation is a waiting gang's hold on the nodes of a domain that are
 // expected to free up first.
