@@ -136,8 +136,8 @@ func (b *yieldBook) recheck() time.Duration {
 // ports, volumes, inter-pod affinity), and a node left to it would only
 // let other pods take the reserved devices. A reservation holds nothing
 // against the pods it does keep out (reservationHolds), within the bound
-// grant keeps (yieldBook). Past the look's cap of allocator calls
-// (maxAllocatorCallsPerLook) it stops, and the pods given a node so far
+// grant keeps (yieldBook). Past the yields step's cap of allocator calls
+// (maxAllocatorCallsPerStep) it stops, and the pods given a node so far
 // keep it.
 func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
