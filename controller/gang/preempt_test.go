@@ -103,15 +103,7 @@ func (f *fakeCluster) runningPod(name, node string, gpus int64, priority int32, 
 	for _, e := range edit {
 		e(pod, claim)
 	}
-	snap, err := simulate.List(f.ctx, f.client, nil)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	n, err := f.client.CoreV1().Nodes().Get(f.ctx, node, metav1.GetOptions{})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	res, err := snap.Cluster(nil, nil).AllocateOnNode(f.ctx, n, claim)
+	res, _, err := f.allocateAsScheduler(claim, node)
 	if err != nil || len(res) != 1 {
 		f.t.Fatalf("allocate %d GPUs on %s for %s: %v %v", gpus, node, name, res, err)
 	}

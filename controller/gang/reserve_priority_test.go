@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -74,6 +75,20 @@ func (f *fakeCluster) reservedPools(name string) []string {
 // node; why not, when it does not.
 func (f *fakeCluster) schedulerAllocates(claim, node string) (bool, string) {
 	f.t.Helper()
+	c := f.claim("ml", claim)
+	res, snap, err := f.allocateAsScheduler(c, node)
+	if err != nil || len(res) != 1 {
+		return false, "does not fit beside " + strings.Join(simulate.Untolerated(snap.Slices, snap.Rules, c.Spec.Devices.Requests[0].Exactly.Tolerations), ", ")
+	}
+	return true, ""
+}
+
+// allocateAsScheduler allocates claim c on node with the scheduler's
+// allocator over the devices as the scheduler sees them now (every
+// DeviceTaintRule applied), writing nothing; it returns the snapshot it
+// judged on.
+func (f *fakeCluster) allocateAsScheduler(c *resourceapi.ResourceClaim, node string) ([]resourceapi.AllocationResult, *simulate.Snapshot, error) {
+	f.t.Helper()
 	snap, err := simulate.List(f.ctx, f.client, nil)
 	if err != nil {
 		f.t.Fatal(err)
@@ -82,12 +97,8 @@ func (f *fakeCluster) schedulerAllocates(claim, node string) (bool, string) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	c := f.claim("ml", claim)
 	res, err := snap.Cluster(nil, nil).AllocateOnNode(f.ctx, n, c)
-	if err != nil || len(res) != 1 {
-		return false, "does not fit beside " + strings.Join(simulate.Untolerated(snap.Slices, snap.Rules, c.Spec.Devices.Requests[0].Exactly.Tolerations), ", ")
-	}
-	return true, ""
+	return res, snap, err
 }
 
 // pendingPod creates pod ml/<name> of priority that the scheduler could not

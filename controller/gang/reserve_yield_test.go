@@ -14,7 +14,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	gangv1 "github.com/tessera-dev/tessera/api/gang/v1alpha1"
-	"github.com/tessera-dev/tessera/driver/simulate"
 )
 
 // pendingPodEnding is pendingPod with an activeDeadlineSeconds of five
@@ -35,17 +34,9 @@ func (f *fakeCluster) pendingPodEnding(name string, gpus int64, priority int32) 
 // DeviceTaintRule applied), the pod bound and running.
 func (f *fakeCluster) schedule(name, node string) {
 	f.t.Helper()
-	snap, err := simulate.List(f.ctx, f.client, nil)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	n, err := f.client.CoreV1().Nodes().Get(f.ctx, node, metav1.GetOptions{})
-	if err != nil {
-		f.t.Fatal(err)
-	}
 	p := f.pod("ml", name)
 	c := f.claim("ml", name+"-gpu")
-	res, err := snap.Cluster(nil, nil).AllocateOnNode(f.ctx, n, c)
+	res, _, err := f.allocateAsScheduler(c, node)
 	if err != nil || len(res) != 1 {
 		f.t.Fatalf("the scheduler cannot allocate %s on %s: %v %v", c.Name, node, res, err)
 	}

@@ -52,11 +52,7 @@ func TestCompositePodGroupRunsAsOneGangOfRoles(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	kubeconfig, err := installController(ctx, c.Cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	startController(t, kubeconfig, "", nil)
+	installAndStartController(ctx, t, c.Cluster, "")
 	poolA, poolB := domain.PoolName(domain.KindNVLink, cliqueA), domain.PoolName(domain.KindNVLink, cliqueB)
 	waitDomains(ctx, t, c, map[string]int{poolA: 3, poolB: 2})
 	gs := newGangs(t, c.Cluster)

@@ -56,11 +56,7 @@ func TestGangExamplesRunOnTheLocalCluster(t *testing.T) {
 	label("tray-1", "rack-1")
 	label("tray-2", "rack-1")
 	label("dgx-1", "rack-2")
-	kubeconfig, err := installController(ctx, c.Cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctl := startController(t, kubeconfig, rackLabel, nil)
+	ctl := installAndStartController(ctx, t, c.Cluster, rackLabel)
 	nvlinkPool, rack1, rack2 := domain.PoolName(domain.KindNVLink, clique), domain.PoolName(domain.KindTopology, "rack-1"), domain.PoolName(domain.KindTopology, "rack-2")
 	waitDomains(ctx, t, c, map[string]int{nvlinkPool: 2, rack1: 2, rack2: 1})
 	label("dgx-2", "rack-2")

@@ -83,6 +83,18 @@ type runningController struct {
 	metrics string
 }
 
+// installAndStartController installs tessera-controller's CRD and RBAC on
+// c and starts it as its service account (startController), failing t if
+// it cannot.
+func installAndStartController(ctx context.Context, t testing.TB, c *cluster.Cluster, topologyKey string) *runningController {
+	t.Helper()
+	kubeconfig, err := installController(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startController(t, kubeconfig, topologyKey, nil)
+}
+
 // startController runs the controller as its service account until stop (or
 // t's end). interrupt, if set, is the gang.Options.Interrupt test hook.
 func startController(t testing.TB, kubeconfig, topologyKey string, interrupt func(string) bool) *runningController {

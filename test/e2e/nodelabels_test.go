@@ -40,14 +40,10 @@ func TestAPodGroupKeepsToOneNVLinkCliqueByTheControllersLabels(t *testing.T) {
 	c := startTesseraWith(t, cluster.Options{CompositePodGroups: true}, specs...)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	kubeconfig, err := installController(ctx, c.Cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	startController(t, kubeconfig, "", nil)
+	installAndStartController(ctx, t, c.Cluster, "")
 	client := c.Client()
 
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		for name, clique := range trays {
 			n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil || n.Labels[nodelabels.LabelClique] != clique || n.Labels[nodelabels.LabelDomain] != domain {
