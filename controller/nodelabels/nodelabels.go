@@ -171,7 +171,7 @@ func Start(ctx context.Context, client kubernetes.Interface, factory informers.S
 	}
 	go func() {
 		logger := klog.FromContext(ctx).WithName("nodelabels")
-		if !cache.WaitForCacheSync(ctx.Done(), nodes.HasSynced, slicesInf.HasSynced) {
+		if !cache.WaitFor(ctx, "", nodes.HasSyncedChecker(), slicesInf.HasSyncedChecker()) {
 			return
 		}
 		for {

@@ -286,7 +286,9 @@ func (l *lazyMIG) allocatedInAPI(ctx context.Context, inv *inventory.Inventory) 
 
 // decideFor is the publish loop's decision, given the health taints.
 func (l *lazyMIG) decideFor(ctx context.Context, inv *inventory.Inventory, taints map[string][]resourceapi.DeviceTaint) (lazymig.Decision, error) {
-	if !cache.WaitForCacheSync(ctx.Done(), l.sliceInformer.HasSynced) {
+	// Waits on the informer's own signal: WaitForCacheSync polls every
+	// 100 ms, which every start paid before its first publish.
+	if !cache.WaitFor(ctx, "", l.sliceInformer.HasSyncedChecker()) {
 		return lazymig.Decision{}, fmt.Errorf("watch the node's slices: %w", context.Cause(ctx))
 	}
 	gpus := slices.LazyGPUs(inv)
