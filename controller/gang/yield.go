@@ -141,12 +141,13 @@ func (b *yieldBook) recheck() time.Duration {
 // keep it.
 func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, nodes map[string]*v1.Node, pods []*v1.Pod, priority int32, on []string, held map[string]bool, grant func(*v1.Pod, string) bool) (map[string][]string, error) {
 	var want []*v1.Pod
+	backed := backedResources(snap.Classes)
 	extended := map[*v1.Pod]map[string]int64{} // devices asked as extended resources, by class
 	for _, p := range pods {
 		if p.Spec.NodeName != "" || finished(p) || len(p.Spec.SchedulingGates) > 0 || podPriority(p) <= priority || !unschedulable(p) {
 			continue
 		}
-		asked, _ := extendedResources(p, nil, snap.Classes)
+		asked := backed.asked(p)
 		if len(p.Spec.ResourceClaims) > 0 || len(asked) > 0 {
 			want = append(want, p)
 			extended[p] = asked
@@ -187,9 +188,10 @@ func (r *reconciler) yieldToPods(ctx context.Context, snap *simulate.Snapshot, n
 		}
 		// Devices asked as extended resources come through the claim the
 		// scheduler would make for them, not through the node's room.
-		_, req := extendedResources(p, requests(p), snap.Classes)
+		req := requests(p)
 		if asked := extended[p]; len(asked) > 0 {
 			claims = append(claims, extendedClaim(p, asked))
+			req = backed.without(req)
 		}
 		name, res, err := fitKeptOut(ctx, cluster, nodes, room, p, claims, req, on, free)
 		if errors.Is(err, errAllocatorCalls) {

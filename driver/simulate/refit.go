@@ -76,7 +76,7 @@ func (c *Cluster) refit(ctx context.Context, node *v1.Node, claim *resourceapi.R
 	empty := map[poolID]map[string]map[string]bool{}
 	for _, s := range published {
 		id := poolID{s.Spec.Driver, s.Spec.Pool.Name}
-		if !pools[id] {
+		if !asHolder || !pools[id] {
 			continue
 		}
 		for _, set := range s.Spec.SharedCounters {
